@@ -1,0 +1,36 @@
+"""Pub/sub: at-least-once event delivery by topic, with consumer groups.
+
+The contract is the abstract base :class:`PubSub`. Backends: :class:`InMemoryPubSub` (one
+process, asyncio and trio) and :class:`RedisStreamsPubSub` (Redis Streams; also a
+``LeaseProvider``). ``pubsub.testing`` holds a conformance suite for your own backend.
+"""
+
+from ._contract import (
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    Event,
+    EventHandler,
+    JSONValue,
+    PubSub,
+    StartFrom,
+    Subscription,
+)
+from ._errors import (
+    BackendUnavailableError,
+    PubSubClosedError,
+    PubSubError,
+    UnsupportedBackendError,
+)
+
+__all__ = [
+    "DEFAULT_MAX_DELIVERY_ATTEMPTS",
+    "BackendUnavailableError",
+    "Event",
+    "EventHandler",
+    "JSONValue",
+    "PubSub",
+    "PubSubClosedError",
+    "PubSubError",
+    "StartFrom",
+    "Subscription",
+    "UnsupportedBackendError",
+]
