@@ -13,15 +13,23 @@ from ._errors import (
     LeaseNotAcquiredError,
     UnsupportedBackendError,
 )
+from ._info import LeaseInfo
+from ._keeper import LeaseKeeper
+from ._memory import InMemoryLeaseProvider
 from ._noop import NoopLeaseProvider, resolve_lease_provider
+from ._redis import RedisLeaseProvider
 
 __all__ = [
     "AcquireResult",
     "BackendUnavailableError",
+    "InMemoryLeaseProvider",
     "LeaseError",
+    "LeaseInfo",
+    "LeaseKeeper",
     "LeaseNotAcquiredError",
     "LeaseProvider",
     "NoopLeaseProvider",
+    "RedisLeaseProvider",
     "UnsupportedBackendError",
     "is_lease_provider",
     "resolve_lease_provider",

@@ -1,0 +1,1 @@
+"""Benchmark scripts (a package only so that mypy names them ``bench.*``, not ``leases``)."""

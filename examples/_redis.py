@@ -1,0 +1,68 @@
+"""A tiny local ``redis-server`` launcher for the examples and benchmarks (no persistence).
+
+Examples must not import from ``tests/``; this is the few lines they need.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["local_redis", "redis_server_available"]
+
+
+def redis_server_available() -> bool:
+    """True when ``redis-server`` is on ``PATH``."""
+    return shutil.which("redis-server") is not None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@contextmanager
+def local_redis(timeout: float = 10.0) -> Iterator[str]:
+    """Start ``redis-server`` on a free loopback port; yield its URL; stop it on exit."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not on PATH (apt-get install -y redis-server)")
+    port = _free_port()
+    workdir = tempfile.mkdtemp(prefix="signals-example-redis-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", workdir, "--protected-mode", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=workdir,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not _ping(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {port}")
+            time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        shutil.rmtree(workdir, ignore_errors=True)

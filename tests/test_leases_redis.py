@@ -1,0 +1,209 @@
+"""RedisLeaseProvider on a real redis-server: the conformance suite plus Redis specifics."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from leases import (
+    BackendUnavailableError,
+    LeaseKeeper,
+    LeaseProvider,
+    RedisLeaseProvider,
+    UnsupportedBackendError,
+)
+from leases.testing import LeaseProviderConformance
+from tests._redis_server import RedisServer, free_port
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class TestRedisConformance(LeaseProviderConformance):
+    @pytest.fixture(params=[False, True], ids=["bytes", "decoded"])
+    async def provider(
+        self, request: pytest.FixtureRequest, redis_url: str, key_prefix: str
+    ) -> AsyncIterator[LeaseProvider]:
+        client = redis.asyncio.Redis.from_url(redis_url, decode_responses=request.param)
+        try:
+            yield RedisLeaseProvider(client=client, key_prefix=key_prefix)
+        finally:
+            await client.aclose()
+
+
+class TestRedisResp3Conformance(LeaseProviderConformance):
+    racers = 20
+
+    @pytest.fixture
+    async def provider(self, redis_url: str, key_prefix: str) -> AsyncIterator[LeaseProvider]:
+        client = redis.asyncio.Redis.from_url(redis_url, protocol=3)
+        try:
+            yield RedisLeaseProvider(client=client, key_prefix=key_prefix)
+        finally:
+            await client.aclose()
+
+
+@pytest.fixture
+async def provider(redis_url: str, key_prefix: str) -> AsyncIterator[RedisLeaseProvider]:
+    async with RedisLeaseProvider(url=redis_url, key_prefix=key_prefix) as p:
+        yield p
+
+
+async def test_key_layout_and_the_fence_counter_outlive_the_lease(
+    provider: RedisLeaseProvider, redis_client: redis.asyncio.Redis, key_prefix: str
+) -> None:
+    assert provider.lease_key("t1") == f"{key_prefix}:{{t1}}"
+    assert provider.fence_key("t1") == f"{key_prefix}:{{t1}}:fence"
+    first = await provider.acquire_lease("t1", "a", 50)
+    assert await redis_client.hgetall(f"{key_prefix}:{{t1}}") == {b"owner": b"a", b"token": b"1"}
+    assert 0 < await redis_client.pttl(f"{key_prefix}:{{t1}}") <= 50
+    assert await redis_client.pttl(f"{key_prefix}:{{t1}}:fence") == -1  # no expiry
+    await anyio.sleep(0.08)
+    assert await redis_client.exists(f"{key_prefix}:{{t1}}") == 0
+    assert await redis_client.get(f"{key_prefix}:{{t1}}:fence") == b"1"
+    second = await provider.acquire_lease("t1", "b", 1000)
+    assert (first.token, second.token) == (1, 2)
+
+
+async def test_lease_info(provider: RedisLeaseProvider) -> None:
+    assert await provider.lease_info("k") is None
+    await provider.acquire_lease("k", "a", 5000)
+    info = await provider.lease_info("k")
+    assert info is not None
+    assert (info.key, info.owner, info.token) == ("k", "a", 1)
+    assert info.ttl_ms_remaining is not None and 4000 < info.ttl_ms_remaining <= 5000
+    assert await provider.transfer_lease("k", "a", "b", 9000)
+    moved = await provider.lease_info("k")
+    assert moved is not None and (moved.owner, moved.token) == ("b", 2)
+    assert moved.ttl_ms_remaining is not None and moved.ttl_ms_remaining > 5000
+
+
+async def test_replayed_calls_are_idempotent(provider: RedisLeaseProvider) -> None:
+    first = await provider.acquire_lease("k", "a", 5000)
+    assert await provider.acquire_lease("k", "a", 5000) == first  # replayed acquire
+    assert await provider.transfer_lease("k", "a", "b", 5000)
+    assert await provider.transfer_lease("k", "a", "b", 5000)  # replayed transfer: still True
+    info = await provider.lease_info("k")
+    assert info is not None and info.owner == "b" and info.token == 2  # no second bump
+    await provider.release_lease("k", "b")
+    await provider.release_lease("k", "b")  # replayed release: a no-op
+
+
+async def test_special_characters_in_keys_and_owners(provider: RedisLeaseProvider) -> None:
+    for key in ["a:b", "{x}", "}", "ünï cødé", "a" * 500]:
+        owner = f"owner {key}"
+        assert (await provider.acquire_lease(key, owner, 5000)).owner == owner
+        assert await provider.get_lease_owner(key) == owner
+
+
+async def test_a_client_it_was_given_stays_open(redis_url: str, key_prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with RedisLeaseProvider(client=client, key_prefix=key_prefix) as p:
+            await p.acquire_lease("k", "a", 1000)
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({}, TypeError),
+        ({"url": "redis://127.0.0.1:1/0", "client": object()}, TypeError),
+        ({"url": ""}, ValueError),
+        ({"url": b"redis://x"}, TypeError),
+        ({"url": "redis://127.0.0.1:1/0", "key_prefix": ""}, ValueError),
+    ],
+)
+def test_constructor_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        RedisLeaseProvider(**kwargs)
+
+
+async def test_unreachable_redis_raises_backend_unavailable() -> None:
+    client = redis.asyncio.Redis(
+        port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
+    p = RedisLeaseProvider(client=client)
+    try:
+        for call in (
+            p.acquire_lease("k", "a", 100),
+            p.get_lease_owner("k"),
+            p.renew_lease("k", "a", 100),
+            p.release_lease("k", "a"),
+            p.transfer_lease("k", "a", "b", 100),
+            p.lease_info("k"),
+        ):
+            with pytest.raises(BackendUnavailableError) as info:
+                await call
+            assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
+            assert "'k'" in str(info.value)
+    finally:
+        await client.aclose()
+
+
+async def test_validation_happens_before_any_io() -> None:
+    p = RedisLeaseProvider(client=redis.asyncio.Redis(port=free_port()))
+    with pytest.raises(ValueError, match="ttl_ms"):
+        await p.acquire_lease("k", "a", 0)
+    with pytest.raises(ValueError, match="key"):
+        await p.get_lease_owner("")
+
+
+async def test_survives_a_server_restart(private_redis_server: RedisServer) -> None:
+    """Scripts vanish with the restart (no persistence): redis-py reloads them on NOSCRIPT."""
+    client = redis.asyncio.Redis.from_url(
+        private_redis_server.url, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
+    p = RedisLeaseProvider(client=client)
+    try:
+        assert (await p.acquire_lease("k", "a", 5000)).token == 1
+        private_redis_server.stop()
+        with pytest.raises(BackendUnavailableError):
+            await p.renew_lease("k", "a", 5000)
+        private_redis_server.start()
+        assert await p.get_lease_owner("k") is None  # no persistence: the lease is gone
+        result = await p.acquire_lease("k", "b", 5000)
+        assert result.acquired and result.token == 1  # ...and so is the counter: see docs
+    finally:
+        await client.aclose()
+
+
+def test_under_trio_it_refuses_clearly(redis_url: str) -> None:
+    async def main() -> None:
+        p = RedisLeaseProvider(url=redis_url)
+        with pytest.raises(UnsupportedBackendError, match="asyncio"):
+            await p.acquire_lease("k", "a", 100)
+        with pytest.raises(UnsupportedBackendError):
+            async with p:
+                pass
+
+    anyio.run(main, backend="trio")
+
+
+async def test_keeper_on_redis_renews_and_detects_a_deleted_lease(
+    provider: RedisLeaseProvider, redis_client: redis.asyncio.Redis
+) -> None:
+    async with LeaseKeeper(provider, "k", "a", 100) as keeper:
+        await anyio.sleep(0.25)  # > 2 TTLs: renewals keep it
+        assert await provider.get_lease_owner("k") == "a"
+    assert not keeper.lost
+    assert await provider.get_lease_owner("k") is None  # released
+
+    async with LeaseKeeper(provider, "k", "a", 100) as keeper:
+        await redis_client.delete(provider.lease_key("k"))  # an operator deletes it by hand
+        await anyio.sleep(5)
+    assert keeper.lost and keeper.lost_reason == "renew rejected"
