@@ -67,7 +67,7 @@ async def owner(redis_url: str, prefix: str) -> None:
             if cmd == "report":
                 kind, expect = signal.payload["kind"], int(signal.payload["expect"])
                 with anyio.move_on_after(REPORT_TIMEOUT_S):
-                    while len(samples[kind]) < expect:
+                    while len(samples[kind]) < expect:  # noqa: ASYNC110 (polls a counter)
                         await anyio.sleep(0.005)
                 out = {"kind": kind, "samples": samples[kind], "last_ns": last_ns[kind]}
                 samples[kind] = []
@@ -146,12 +146,9 @@ async def _never(run: Run) -> None:  # the sender never owns the thread
     raise AssertionError(f"the sender won the thread: {run.run_id}")
 
 
-async def sender(redis_url: str, prefix: str, args: argparse.Namespace) -> None:
-    owner_proc = subprocess.Popen(
-        [sys.executable, __file__, "--owner", "--redis-url", redis_url, "--key-prefix", prefix],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+async def sender(
+    redis_url: str, prefix: str, owner_proc: subprocess.Popen[str], args: argparse.Namespace
+) -> None:
     assert owner_proc.stdout is not None
     try:
         ready = await anyio.to_thread.run_sync(_read_json, owner_proc.stdout)
@@ -222,7 +219,12 @@ def main() -> None:
                 raise SystemExit("redis-server is not installed; pass --redis-url")
             url = stack.enter_context(RedisServer(binary)).url
         print(f"redis: {url}")
-        anyio.run(sender, url, prefix, args, backend="asyncio")
+        owner_proc = subprocess.Popen(
+            [sys.executable, __file__, "--owner", "--redis-url", url, "--key-prefix", prefix],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        anyio.run(sender, url, prefix, owner_proc, args, backend="asyncio")
 
 
 if __name__ == "__main__":

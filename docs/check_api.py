@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 __all__ = ["local_redis", "redis_server_available"]
 

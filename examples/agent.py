@@ -25,16 +25,18 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from leases import AcquireResult, InMemoryLeaseProvider, LeaseProvider
 from pubsub import InMemoryPubSub, PubSub
 from signals import Delivery, InMemorySignalInbox, Run, Signal, SignalRuntime
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 THREAD = "conversation-42"
 

@@ -58,7 +58,7 @@ async def invocation(
         wait_for_gate = gate
         async for sig in run:
             print(json.dumps({"event": "working", "signal_id": sig.id}), flush=True)
-            while wait_for_gate and not await recorder.exists(gate_key(prefix, thread)):
+            while wait_for_gate and not await recorder.exists(gate_key(prefix, thread)):  # noqa: ASYNC110
                 await anyio.sleep(0.02)  # a long first task, until the demo says "done"
             wait_for_gate = False
             await anyio.sleep(work_s)
@@ -157,7 +157,8 @@ def part2(redis_url: str, prefix: str, n: int) -> bool:
     print(f"invocation-0: working on {working} (it will be killed)")
     middle = [_spawn(redis_url, prefix, thread, i, work_s=0.05) for i in range(1, n - 1)]
     for i, p in enumerate(middle, start=1):
-        print(f"invocation-{i}: send -> {_outcome(_events(p))} (the dead owner still holds the lease)")
+        outcome = _outcome(_events(p))
+        print(f"invocation-{i}: send -> {outcome} (the dead owner still holds the lease)")
     winner.send_signal(os_signal.SIGKILL)
     _events(winner)
     print("invocation-0: SIGKILL (mid-run: its signal was never committed)")

@@ -75,6 +75,11 @@ class LeaseKeeper:
             renew_interval_ms = max(1, ttl_ms // 3)
         else:
             check_ttl_ms(renew_interval_ms)
+            if renew_interval_ms >= ttl_ms:
+                raise ValueError(
+                    f"renew_interval_ms ({renew_interval_ms}) must be shorter than "
+                    f"ttl_ms ({ttl_ms}), or the lease expires between renewals"
+                )
         self.renew_interval_ms: int = renew_interval_ms
         self.release_on_exit = release_on_exit
         self.token: int | None = None

@@ -128,8 +128,8 @@ class InMemoryLeaseProvider:
 
     ``clock`` returns monotonic seconds and defaults to :func:`anyio.current_time`
     (so a trio ``MockClock`` moves lease time too); pass your own to drive expiry in tests.
-    Each call is atomic: the state change happens between two checkpoints, with no await
-    inside it. Leases are local to this object.
+    Each call is atomic: the state change happens after one checkpoint, with no await
+    inside it. Leases are local to this object; use it from one event loop (not thread-safe).
     """
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:

@@ -14,6 +14,7 @@ from ._contract import (
     StartFrom,
     Subscription,
 )
+from ._memory import InMemoryPubSub
 from ._errors import (
     BackendUnavailableError,
     PubSubClosedError,
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
     "BackendUnavailableError",
     "Event",
+    "InMemoryPubSub",
     "EventHandler",
     "JSONValue",
     "PubSub",

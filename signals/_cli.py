@@ -8,8 +8,8 @@ Commands::
 ``--key-prefix`` is the ``key_prefix`` of the ``RedisStreamsPubSub`` the runtime runs on
 (default ``pubsub``): the runtime's leases then live under ``<P>:lease`` and its inbox under
 ``<P>:signals``. ``--lease-prefix`` / ``--inbox-prefix`` override those two when you built a
-``RedisLeaseProvider`` / ``RedisSignalInbox`` yourself. Exit codes: 0 ok, 1 usage error, 2 Redis
-unreachable (one line on stderr, no traceback).
+``RedisLeaseProvider`` / ``RedisSignalInbox`` yourself. Exit codes: 0 ok, 1 usage error (bad
+arguments or URL), 2 Redis unreachable (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -29,6 +28,8 @@ import anyio
 from leases import BackendUnavailableError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import redis.asyncio
 
 __all__ = ["DEFAULT_KEY_PREFIX", "ThreadReport", "inspect_thread", "list_threads", "main"]
@@ -194,13 +195,21 @@ def _print_threads(rows: list[dict[str, Any]], out: TextIO) -> None:
         print(f"{r['thread_key']:<{width}}  {r['pending_count']:>7}  {owner}", file=out)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 1, so that exit code 2 always means "Redis unreachable"."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m signals``."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m signals",
         description="Inspect signal-runtime threads on Redis: lease owner and queued signals.",
     )
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--redis-url",
         default=os.environ.get("REDIS_URL"),
@@ -218,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--inbox-prefix", default=None, help="inbox key prefix (default: <key-prefix>:signals)"
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     p_inspect = sub.add_parser(
         "inspect", parents=[common], help="lease and queued signals of one thread"
     )
@@ -234,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace, client: redis.asyncio.Redis, out: TextIO) -> None:
-    prefixes = Prefixes.for_pubsub(args.key_prefix, lease=args.lease_prefix, inbox=args.inbox_prefix)
+    prefixes = Prefixes.for_pubsub(
+        args.key_prefix, lease=args.lease_prefix, inbox=args.inbox_prefix
+    )
     try:
         if args.command == "inspect":
             report = await inspect_thread(client, args.thread_key, prefixes, limit=args.limit)
@@ -254,8 +267,6 @@ async def _run(args: argparse.Namespace, client: redis.asyncio.Redis, out: TextI
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m signals`` and ``signals-inspect``; returns the exit code."""
-    import redis.exceptions
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.redis_url:
@@ -272,12 +283,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         anyio.run(_run, args, client, sys.stdout, backend="asyncio")
-    except (
+    except Exception as exc:
+        reason = _unavailable(exc)
+        if reason is None:
+            raise
+        print(f"error: cannot reach Redis at {url}: {reason}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    return EXIT_OK
+
+
+def _unavailable(exc: Exception) -> Exception | None:
+    """The connection error in ``exc`` (or in an exception group around it), else ``None``."""
+    import redis.exceptions
+
+    if isinstance(exc, ExceptionGroup):
+        for inner in exc.exceptions:
+            found = _unavailable(inner)
+            if found is not None:
+                return found
+        return None
+    unavailable = (
         BackendUnavailableError,
         redis.exceptions.ConnectionError,
         redis.exceptions.TimeoutError,
-        OSError,
-    ) as exc:
-        print(f"error: cannot reach Redis at {url}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    return EXIT_OK
+    )
+    return exc if isinstance(exc, unavailable) else None

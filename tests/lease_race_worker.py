@@ -1,8 +1,9 @@
 """One contender of the multi-process lease race (run as a script by test_leases_race.py).
 
 Usage: ``python tests/lease_race_worker.py URL PREFIX KEY OWNER``. Connects, counts itself
-ready (``INCR <prefix>:ready``), blocks on ``BLPOP <prefix>:go`` until the parent releases
-every contender with one ``RPUSH``, races ``acquire_lease`` and prints one JSON line.
+ready (``INCR <prefix>:ready``), blocks on ``BLPOP <prefix>:go`` (1 s at a time) until the
+parent releases every contender with one ``RPUSH``, races ``acquire_lease`` and prints one
+JSON line.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ async def contend(url: str, prefix: str, key: str, owner: str) -> dict[str, obje
         provider = RedisLeaseProvider(client=client, key_prefix=prefix)
         await client.ping()
         await client.incr(f"{prefix}:ready")
-        released = await client.blpop([f"{prefix}:go"], timeout=60)
-        if released is None:
+        # Short blocking reads, well under the client's socket timeout, until released.
+        for _ in range(120):
+            if await client.blpop([f"{prefix}:go"], timeout=1) is not None:
+                break
+        else:
             return {"owner": owner, "error": "never released"}
         result = await provider.acquire_lease(key, owner, 30_000)
         return {

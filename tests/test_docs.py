@@ -5,7 +5,10 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -273,6 +273,7 @@ async def test_a_keeper_is_single_use() -> None:
         ({"ttl_ms": 0}, ValueError),
         ({"ttl_ms": 1.5}, TypeError),
         ({"renew_interval_ms": 0}, ValueError),
+        ({"renew_interval_ms": TTL}, ValueError),
     ],
 )
 def test_bad_arguments_raise(kwargs: dict[str, Any], exc: type[Exception]) -> None:

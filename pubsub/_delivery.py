@@ -1,0 +1,104 @@
+"""Pieces every backend's subscription loop shares: a wakeable queue and the retry policy."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+import structlog
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from ._contract import Event, EventHandler
+
+__all__ = ["EventQueue", "check_max_attempts", "deliver_with_retries"]
+
+logger: FilteringBoundLogger = structlog.get_logger("pubsub")
+
+
+def check_max_attempts(value: object) -> int:
+    """Return ``value`` if it is a positive ``int`` of delivery attempts, else raise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_delivery_attempts must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"max_delivery_attempts must be positive, got {value}")
+    return value
+
+
+class EventQueue:
+    """A FIFO of events with an awaitable ``get``; cancelling a waiter never loses an item."""
+
+    def __init__(self) -> None:
+        self._items: deque[Event] = deque()
+        self._ready: anyio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, event: Event) -> None:
+        self._items.append(event)
+        if self._ready is not None:
+            self._ready.set()
+            self._ready = None
+
+    def put_front(self, event: Event) -> None:
+        self._items.appendleft(event)
+        if self._ready is not None:
+            self._ready.set()
+            self._ready = None
+
+    async def get(self) -> Event:
+        while not self._items:
+            if self._ready is None:
+                self._ready = anyio.Event()
+            await self._ready.wait()
+        return self._items.popleft()
+
+
+async def deliver_with_retries(
+    handler: EventHandler,
+    event: Event,
+    *,
+    max_attempts: int,
+    topic: str,
+    group: str | None,
+    on_retry: Callable[[Event], Awaitable[None]] | None = None,
+) -> bool:
+    """Call ``handler`` until it returns, redelivering in place up to ``max_attempts``.
+
+    Returns ``True`` when the handler succeeded, ``False`` when the event was dropped (after a
+    ``pubsub.event_dropped`` warning). Cancellation propagates untouched.
+    """
+    current = event
+    while True:
+        try:
+            await handler(current)
+        except Exception as exc:
+            if current.delivery_attempt >= max_attempts:
+                logger.warning(
+                    "pubsub.event_dropped",
+                    topic=topic,
+                    group=group,
+                    event_id=current.id,
+                    attempts=current.delivery_attempt,
+                    error=repr(exc),
+                )
+                return False
+            logger.info(
+                "pubsub.handler_failed",
+                topic=topic,
+                group=group,
+                event_id=current.id,
+                attempt=current.delivery_attempt,
+                error=repr(exc),
+            )
+            current = current.redelivered()
+            if on_retry is not None:
+                await on_retry(current)
+            await anyio.lowlevel.checkpoint()
+        else:
+            return True

@@ -1,0 +1,216 @@
+"""``InMemoryPubSub``: the single-process backend (asyncio and trio)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+import anyio
+import anyio.lowlevel
+import structlog
+
+from ._contract import (
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    Event,
+    EventHandler,
+    PubSub,
+    StartFrom,
+    Subscription,
+    check_topic,
+)
+from ._delivery import EventQueue, check_max_attempts, deliver_with_retries
+from ._errors import PubSubClosedError
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup, TaskStatus
+    from structlog.typing import FilteringBoundLogger
+
+__all__ = ["InMemoryPubSub"]
+
+logger: FilteringBoundLogger = structlog.get_logger("pubsub")
+
+
+@dataclass
+class _Group:
+    queue: EventQueue = field(default_factory=EventQueue)
+    members: int = 0
+
+
+@dataclass
+class _Topic:
+    retained: deque[Event]
+    fanout: list[EventQueue] = field(default_factory=list)
+    groups: dict[str, _Group] = field(default_factory=dict)
+
+
+class _MemorySubscription(Subscription):
+    def __init__(self, owner: InMemoryPubSub, topic: str, group: str | None) -> None:
+        self.topic = topic
+        self.group = group
+        self._owner = owner
+        self._scope: anyio.CancelScope | None = None
+        self._busy = False
+        self._closing = False
+        self._done = anyio.Event()
+
+    async def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            if not self._busy and self._scope is not None:
+                self._scope.cancel()
+        await self._done.wait()
+
+
+class InMemoryPubSub(PubSub):
+    """A :class:`PubSub` inside one process.
+
+    Keeps the last ``retain`` events per topic for ``start_from="earliest"``. Groups keep
+    their undelivered events while they have no member. Use as ``async with InMemoryPubSub()``.
+    """
+
+    def __init__(
+        self, *, max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS, retain: int = 1000
+    ) -> None:
+        self.max_delivery_attempts = check_max_attempts(max_delivery_attempts)
+        if isinstance(retain, bool) or not isinstance(retain, int) or retain < 0:
+            raise ValueError(f"retain must be a non-negative int, got {retain!r}")
+        self._retain = retain
+        self._topics: dict[str, _Topic] = {}
+        self._tg: TaskGroup | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._tg is not None or self._closed:
+            raise PubSubClosedError("an InMemoryPubSub can be entered once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        tg = self._tg
+        self._closed = True
+        if tg is None:
+            return
+        tg.cancel_scope.cancel()
+        self._tg = None
+        await tg.__aexit__(exc_type, exc, tb)
+
+    async def close(self) -> None:
+        """Stop every subscription. The task group itself ends when the ``async with`` exits."""
+        self._closed = True
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    def _require_open(self) -> TaskGroup:
+        if self._closed:
+            raise PubSubClosedError("this InMemoryPubSub is closed")
+        if self._tg is None:
+            raise PubSubClosedError("enter the InMemoryPubSub first: `async with InMemoryPubSub()`")
+        return self._tg
+
+    def _topic(self, topic: str) -> _Topic:
+        state = self._topics.get(topic)
+        if state is None:
+            state = self._topics[topic] = _Topic(retained=deque(maxlen=self._retain or None))
+            if self._retain == 0:
+                state.retained = deque(maxlen=0)
+        return state
+
+    # -- contract --------------------------------------------------------------------------
+
+    async def publish(self, topic: str, event: Event) -> str:
+        check_topic(topic)
+        if not isinstance(event, Event):
+            raise TypeError(f"publish takes a pubsub.Event, got {type(event).__name__}")
+        self._require_open()
+        state = self._topic(topic)
+        state.retained.append(event)
+        for queue in state.fanout:
+            queue.put(event)
+        for group in state.groups.values():
+            group.queue.put(event)
+        await anyio.lowlevel.checkpoint()
+        return event.id
+
+    async def subscribe(
+        self,
+        topic: str,
+        handler: EventHandler,
+        *,
+        group: str | None = None,
+        start_from: StartFrom = "latest",
+    ) -> Subscription:
+        check_topic(topic)
+        if not callable(handler):
+            raise TypeError("handler must be an async callable taking an Event")
+        if group is not None and (not isinstance(group, str) or not group):
+            raise ValueError("group must be a non-empty string or None")
+        if start_from not in ("latest", "earliest"):
+            raise ValueError(f"start_from must be 'latest' or 'earliest', got {start_from!r}")
+        tg = self._require_open()
+        state = self._topic(topic)
+        if group is None:
+            queue = EventQueue()
+            if start_from == "earliest":
+                for event in state.retained:
+                    queue.put(event)
+            state.fanout.append(queue)
+        else:
+            grp = state.groups.get(group)
+            if grp is None:
+                grp = state.groups[group] = _Group()
+                if start_from == "earliest":
+                    for event in state.retained:
+                        grp.queue.put(event)
+            grp.members += 1
+            queue = grp.queue
+        sub = _MemorySubscription(self, topic, group)
+        await tg.start(self._serve, sub, queue, handler, state)
+        return sub
+
+    async def _serve(
+        self,
+        sub: _MemorySubscription,
+        queue: EventQueue,
+        handler: EventHandler,
+        state: _Topic,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            with anyio.CancelScope() as scope:
+                sub._scope = scope
+                task_status.started()
+                while not sub._closing:
+                    event = await queue.get()
+                    sub._busy = True
+                    try:
+                        with anyio.CancelScope(shield=sub._closing):
+                            await deliver_with_retries(
+                                handler,
+                                event,
+                                max_attempts=self.max_delivery_attempts,
+                                topic=sub.topic,
+                                group=sub.group,
+                            )
+                    finally:
+                        sub._busy = False
+        finally:
+            if sub.group is None:
+                if queue in state.fanout:
+                    state.fanout.remove(queue)
+            else:
+                grp = state.groups.get(sub.group)
+                if grp is not None:
+                    grp.members -= 1
+            sub._done.set()

@@ -1,0 +1,102 @@
+"""Every example runs as a user would run it (a subprocess) and prints what it promises."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def run_example(
+    name: str, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+    return result
+
+
+def check_agent_transcript(out: str) -> None:
+    assert re.search(r"send .*'hello'.* -> wake .*\(run#1\)", out), out
+    assert re.search(r"agent run#1 \(token \S+\) got user\s+\"hello\"", out), out
+    assert re.search(r"send .*'and another thing'.* -> deliver .*\(run#1\)", out), out
+    assert re.search(r"agent run#1 \(token \S+\) got user\s+\"and another thing\"", out), out
+    assert "duplicate id 'msg-2': accepted, stored and processed once" in out, out
+    assert re.search(r"send .*if_active='queue'.* -> queued", out), out
+    assert re.search(r"agent run#2 \(token \S+\) got task\s+\"summarise the conversation\"", out)
+    assert re.search(r"send .*if_idle='discard'.* -> discarded", out), out
+    assert "run#1 processed 2 signal(s)" in out, out
+    assert "run#2 processed 1 signal(s)" in out, out
+    assert "signals processed: 3, distinct ids: 3" in out, out
+    ops = re.findall(r"^  (acquire|transfer|release)\s+(.*)$", out, flags=re.M)
+    assert [op for op, _ in ops] == ["acquire", "transfer", "release"], ops
+    assert ops[1][1].startswith("run#1 -> run#2 (ok)"), ops
+    assert "lease owner now: none (released)" in out, out
+
+
+def test_agent_in_memory() -> None:
+    result = run_example("agent.py")
+    assert result.returncode == 0, result.stderr
+    assert "(in memory)" in result.stdout
+    check_agent_transcript(result.stdout)
+    # tokens: the handoff gave the second run a larger token
+    tokens = [int(t) for t in re.findall(r"agent run#\d \(token (\d+)\)", result.stdout)]
+    assert tokens == sorted(tokens) and tokens[0] < tokens[-1], tokens
+
+
+@pytest.mark.redis
+def test_agent_on_redis(redis_url: str) -> None:
+    result = run_example("agent.py", "--redis-url", redis_url)
+    assert result.returncode == 0, result.stderr
+    assert "(Redis, prefix" in result.stdout
+    check_agent_transcript(result.stdout)
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_multiprocess(redis_url: str) -> None:
+    result = run_example("multiprocess.py", "--redis-url", redis_url, "--processes", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert len(re.findall(r"send -> wake", out)) == 1, out
+    assert len(re.findall(r"send -> deliver", out)) == 2, out
+    assert "wakes: 1; signals sent: 3; processed: 3 (3 distinct); processes that ran the agent: 1" in out
+    assert "OK: exactly one process woke and ran every signal exactly once" in out
+
+
+def test_multiprocess_without_redis_explains() -> None:
+    env = {**os.environ, "PATH": "/nonexistent"}
+    result = run_example("multiprocess.py", env=env, timeout=60)
+    assert result.returncode == 2
+    assert "redis-server is not on PATH" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_serverless(redis_url: str) -> None:
+    result = run_example("serverless.py", "--redis-url", redis_url, "--invocations", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    part1, part2 = out.split("== part 2")
+    assert "invocation-0: send -> wake" in part1
+    assert len(re.findall(r"send -> deliver \(exited right after send\)", part1)) == 2, out
+    assert "sent 3, processed 3, lost 0: OK" in part1, out
+    assert "invocation-0: send -> wake" in part2
+    assert "SIGKILL" in part2
+    assert "invocation-1: send -> deliver (the dead owner still holds the lease)" in part2, out
+    assert re.search(r"invocation-2: send -> wake, ran and exited", part2), out
+    assert "lost 0: OK" in part2, out
+    assert "OK: no signal lost" in out
