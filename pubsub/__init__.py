@@ -15,6 +15,7 @@ from ._contract import (
     Subscription,
 )
 from ._memory import InMemoryPubSub
+from ._redis_streams import RedisStreamsPubSub
 from ._errors import (
     BackendUnavailableError,
     PubSubClosedError,
@@ -32,6 +33,7 @@ __all__ = [
     "PubSub",
     "PubSubClosedError",
     "PubSubError",
+    "RedisStreamsPubSub",
     "StartFrom",
     "Subscription",
     "UnsupportedBackendError",
