@@ -14,14 +14,14 @@ from ._contract import (
     StartFrom,
     Subscription,
 )
-from ._memory import InMemoryPubSub
-from ._redis_streams import RedisStreamsPubSub
 from ._errors import (
     BackendUnavailableError,
     PubSubClosedError,
     PubSubError,
     UnsupportedBackendError,
 )
+from ._memory import InMemoryPubSub
+from ._redis_streams import RedisStreamsPubSub
 
 __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",

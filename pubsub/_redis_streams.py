@@ -70,7 +70,8 @@ def _positive(name: str, value: object, *, zero_ok: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{name} must be {'non-negative' if zero_ok else 'positive'}, got {value}")
+        bound = "non-negative" if zero_ok else "positive"
+        raise ValueError(f"{name} must be {bound}, got {value}")
     return value
 
 
@@ -162,10 +163,9 @@ class RedisStreamsPubSub(PubSub):
         self.stream_idle_ttl_ms = _positive("stream_idle_ttl_ms", stream_idle_ttl_ms, zero_ok=True)
         self.block_ms = _positive("block_ms", block_ms)
         self.reclaim_idle_ms = _positive("reclaim_idle_ms", reclaim_idle_ms)
-        self.reclaim_interval_ms = _positive(
-            "reclaim_interval_ms",
-            reclaim_interval_ms if reclaim_interval_ms is not None else max(1, reclaim_idle_ms // 2),
-        )
+        if reclaim_interval_ms is None:
+            reclaim_interval_ms = max(1, reclaim_idle_ms // 2)
+        self.reclaim_interval_ms = _positive("reclaim_interval_ms", reclaim_interval_ms)
         self.max_delivery_attempts = check_max_attempts(max_delivery_attempts)
         self._owns_client = client is None
         self._client: redis.asyncio.Redis = (
@@ -185,7 +185,7 @@ class RedisStreamsPubSub(PubSub):
 
     @property
     def redis_client(self) -> redis.asyncio.Redis:
-        """The client used for publishing and leases (the signals runtime builds its inbox on it)."""
+        """The client for publishing and leases (the signals runtime puts its inbox on it)."""
         return self._client
 
     @property
@@ -446,7 +446,7 @@ class RedisStreamsPubSub(PubSub):
                 for group, slots in by_group.items():
                     consumer = slots[0].consumer
                     streams = {s.stream: ">" for s in slots}
-                    reply = await reader.xreadgroup(
+                    reply: Any = await reader.xreadgroup(
                         group, consumer, streams, count=64, block=block  # type: ignore[arg-type]
                     )
                     for stream_name, entries in reply or []:
@@ -488,7 +488,7 @@ class RedisStreamsPubSub(PubSub):
     async def _reclaim(self, slot: _Slot) -> None:
         cursor = "0-0"
         while True:
-            reply = await self._client.xautoclaim(
+            reply: Any = await self._client.xautoclaim(
                 slot.stream, slot.group, slot.consumer, self.reclaim_idle_ms,
                 start_id=cursor, count=100,
             )

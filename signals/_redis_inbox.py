@@ -168,7 +168,7 @@ class RedisSignalInbox:
         check_thread_key(thread_key)
         start = "-" if after is None else f"({after}"
         with _redis_errors("read"):
-            rows: list[Any] = await self.client.xrange(
+            rows: Any = await self.client.xrange(
                 self.inbox_key(thread_key), min=start, max="+", count=limit
             )
         entries: list[InboxEntry] = []

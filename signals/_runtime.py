@@ -24,7 +24,7 @@ from pubsub import Event, PubSub, Subscription
 from ._errors import ConfigurationError, RuntimeClosedError
 from ._inbox import EntryMode, SignalInbox, is_signal_inbox
 from ._memory_inbox import InMemorySignalInbox
-from ._model import Delivery, IfActive, IfIdle, Signal
+from ._model import Delivery, IfActive, IfIdle, Outcome, Signal
 from ._run import Doorbell, Run
 from ._validation import check_thread_key
 
@@ -121,7 +121,9 @@ class SignalRuntime:
             raise TypeError("agent must be an async callable taking a Run")
         self.pubsub = pubsub
         self.agent = agent
-        self.leases: LeaseProvider = leases if leases is not None else resolve_lease_provider(pubsub)
+        self.leases: LeaseProvider = (
+            leases if leases is not None else resolve_lease_provider(pubsub)
+        )
         self.inbox: SignalInbox = inbox if inbox is not None else resolve_signal_inbox(
             pubsub, self.leases
         )
@@ -274,7 +276,7 @@ class SignalRuntime:
         fresh = await self.inbox.inbox_append(thread_key, signal, mode)
         await self._ring(thread_key, signal)
         log.info("signal.enqueued", owner=owner, mode=mode, duplicate=not fresh)
-        outcome = "queued" if mode == "queue" else "deliver"
+        outcome: Outcome = "queued" if mode == "queue" else "deliver"
         return Delivery(outcome, signal.id, thread_key, run_id=owner, owner=owner)
 
     async def _ring(self, thread_key: str, signal: Signal) -> None:
