@@ -143,7 +143,6 @@ class SignalRuntime:
         self._locks: dict[str, anyio.Lock] = {}
         self._changed: anyio.Event | None = None
         self._tg: TaskGroup | None = None
-        self._recovery_scope: anyio.CancelScope | None = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -171,10 +170,8 @@ class SignalRuntime:
                 await self.wait_idle()
         finally:
             self._closed = True
-            if self._recovery_scope is not None:
-                self._recovery_scope.cancel()
-            if exc_type is not None:
-                tg.cancel_scope.cancel()
+            # Runs are done (or we are failing): stop the recovery loop and anything left.
+            tg.cancel_scope.cancel()
             self._tg = None
             await tg.__aexit__(exc_type, exc, tb)
 
@@ -404,14 +401,12 @@ class SignalRuntime:
     # -- recovery --------------------------------------------------------------------------
 
     async def _recovery_loop(self) -> None:
-        with anyio.CancelScope() as scope:
-            self._recovery_scope = scope
-            while True:
-                await anyio.sleep(self.recover_interval_ms / 1000)
-                try:
-                    await self.recover()
-                except Exception as exc:
-                    self._log.warning("signals.recovery_failed", error=repr(exc))
+        while True:
+            await anyio.sleep(self.recover_interval_ms / 1000)
+            try:
+                await self.recover()
+            except Exception as exc:
+                self._log.warning("signals.recovery_failed", error=repr(exc))
 
     async def recover(self) -> list[str]:
         """Run threads that have pending signals and no owner; returns the threads woken.
