@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -93,6 +93,16 @@ def _backend_errors(operation: str) -> Iterator[None]:
         yield
     except _UNAVAILABLE as exc:
         raise BackendUnavailableError(f"Redis unavailable during {operation}: {exc}") from exc
+
+
+async def _once_more_on_reconnect(operation: Callable[[], Awaitable[None]]) -> None:
+    """Run ``operation``; after a restart of Redis the first use of a pooled connection fails
+    with ``ConnectionError``, so try once more on a fresh one. (A replayed XADD can duplicate an
+    event: delivery is at least once, and the event id stays the same.)"""
+    try:
+        await operation()
+    except redis.exceptions.ConnectionError:
+        await operation()
 
 
 class _RedisSubscription(Subscription):
@@ -206,6 +216,7 @@ class RedisStreamsPubSub(PubSub):
         kwargs["socket_timeout"] = self.block_ms / 1000 + 5
         kwargs["retry"] = Retry(NoBackoff(), 0)
         kwargs.pop("retry_on_timeout", None)
+        kwargs["client_name"] = f"{self._prefix}:reader:{self.process_id}"
         pool = redis.asyncio.ConnectionPool(
             connection_class=self._client.connection_pool.connection_class,
             max_connections=2,
@@ -269,17 +280,20 @@ class RedisStreamsPubSub(PubSub):
         if self._closed:
             raise PubSubClosedError("this RedisStreamsPubSub is closed")
         stream = self.stream_key(topic)
-        with _backend_errors(f"publish to {topic!r}"):
+        payload = event.to_json()
+
+        async def xadd() -> None:
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.xadd(
-                    stream,
-                    {"event": event.to_json()},
-                    maxlen=self.max_stream_length or None,
+                    stream, {"event": payload}, maxlen=self.max_stream_length or None,
                     approximate=True,
                 )
                 if self.stream_idle_ttl_ms:
                     pipe.pexpire(stream, self.stream_idle_ttl_ms)
                 await pipe.execute()
+
+        with _backend_errors(f"publish to {topic!r}"):
+            await _once_more_on_reconnect(xadd)
         return event.id
 
     # -- subscribe -------------------------------------------------------------------------
@@ -318,13 +332,29 @@ class RedisStreamsPubSub(PubSub):
             await self._create_group(slot, "0" if start_from == "earliest" else "$")
             self._slots[key] = slot
         sub = _RedisSubscription(self, slot, handler)
+        fresh_slot = not slot.members
         slot.members.append(sub)
         await tg.start(self._serve, sub)
+        if fresh_slot and not fanout:
+            await self._read_own_pending(slot)
         self._kick()
         return sub
 
-    async def _create_group(self, slot: _Slot, start_id: str) -> None:
+    async def _read_own_pending(self, slot: _Slot) -> None:
+        """Take back what this consumer had been handed but not acknowledged (an earlier
+        subscription of this process, or a reply lost in a reconnect)."""
         with _backend_errors(f"subscribe to {slot.topic!r}"):
+            reply: Any = await self._client.xreadgroup(
+                slot.group, slot.consumer, {slot.stream: "0"}, count=1000
+            )
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                eid = _text(entry_id)
+                if fields and eid not in slot.inflight:
+                    self._dispatch(slot, eid, fields, 2)
+
+    async def _create_group(self, slot: _Slot, start_id: str) -> None:
+        async def create() -> None:
             try:
                 async with self._client.pipeline(transaction=True) as pipe:
                     pipe.xgroup_create(slot.stream, slot.group, id=start_id, mkstream=True)
@@ -334,6 +364,9 @@ class RedisStreamsPubSub(PubSub):
             except redis.exceptions.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+
+        with _backend_errors(f"subscribe to {slot.topic!r}"):
+            await _once_more_on_reconnect(create)
 
     async def _destroy_group(self, slot: _Slot) -> None:
         try:
@@ -410,6 +443,8 @@ class RedisStreamsPubSub(PubSub):
             return
         if attempt > event.delivery_attempt:
             event = Event(event.type, event.data, event.id, event.created_at, attempt)
+        if not slot.members or self._slots.get((slot.topic, slot.group)) is not slot:
+            return  # the subscription closed meanwhile: the entry stays pending for a later one
         slot.entry_of[event.id] = entry_id
         slot.inflight.add(entry_id)
         if slot.fanout:

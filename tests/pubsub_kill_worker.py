@@ -1,0 +1,34 @@
+"""A consumer process for the SIGKILL reclaim test (``python -m tests.pubsub_kill_worker``).
+
+Joins group ``g`` on topic ``t``; records each handled event id with RPUSH on
+``<prefix>:handled``; on the event whose data is ``"block"`` it records ``<prefix>:started``
+and hangs until killed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import redis.asyncio
+
+from pubsub import Event, RedisStreamsPubSub
+
+
+async def main(url: str, prefix: str) -> None:
+    record = redis.asyncio.Redis.from_url(url)
+
+    async def handler(event: Event) -> None:
+        if event.data == "block":
+            await record.rpush(f"{prefix}:started", event.id)
+            await anyio.sleep_forever()
+        await record.rpush(f"{prefix}:handled", event.id)
+
+    async with RedisStreamsPubSub(url=url, key_prefix=prefix, block_ms=100) as pubsub:
+        await pubsub.subscribe("t", handler, group="g", start_from="earliest")
+        print("ready", flush=True)
+        await anyio.sleep(60)
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1], sys.argv[2])
