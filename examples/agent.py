@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -135,12 +137,26 @@ async def scenario(
 
         async def send(label: str, signal: Signal, **policy: Any) -> Delivery:
             delivery = await runtime.send(THREAD, signal, **policy)
-            where = names(delivery.run_id or delivery.owner)
-            print(f"send    {label:<34} -> {delivery.outcome:<9} ({where})")
+            run = names(delivery.run_id or delivery.owner)
+            why = {
+                "wake": f"this process won the lease: {run} starts",
+                "deliver": f"to the active {run}",
+                "queued": f"kept for the next run; {run} is active",
+                "discarded": "dropped by policy",
+                "rejected": "refused by policy",
+            }[delivery.outcome]
+            print(f"send    {label:<34} -> {delivery.outcome:<9} ({why})")
             return delivery
 
         async def expect(stream: MemoryObjectReceiveStream[Seen]) -> Seen:
             item = await stream.receive()
+            if processed and processed[-1].run_id != item.run_id:
+                before = processed[-1]
+                print(
+                    f"  lease handoff {names(before.run_id)} -> {names(item.run_id)} by "
+                    f"transfer_lease: the thread was never free; token {before.token} -> "
+                    f"{item.token}"
+                )
             processed.append(item)
             token = "-" if item.token is None else item.token
             print(
@@ -205,7 +221,12 @@ async def main_async(redis_url: str | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=None, help="run on RedisStreamsPubSub at this URL")
+    parser.add_argument("--logs", action="store_true", help="also show the library's info logs")
     args = parser.parse_args(argv)
+    # An application decides how structlog renders (the library never configures it): here,
+    # warnings only unless --logs, so the transcript stays readable.
+    level = logging.INFO if args.logs else logging.WARNING
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
     anyio.run(main_async, args.redis_url, backend="asyncio")
 
 

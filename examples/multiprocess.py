@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -128,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key-prefix", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Applications configure structlog (the library never does): warnings only, on stderr, so
+    # the children's stdout carries just their JSON reports.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
     if args.child is not None:
         anyio.run(child, args.redis_url, args.key_prefix, args.child, args.start_at)
         return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal as os_signal
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -118,6 +120,8 @@ def _read_sent_and_working(proc: Any) -> tuple[str, str]:
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError("invocation exited early")
+        if not line.startswith("{"):
+            continue
         event = json.loads(line)
         seen[event["event"]] = event
     return seen["sent"]["outcome"], seen["working"]["signal_id"]
@@ -158,7 +162,7 @@ def part2(redis_url: str, prefix: str, n: int) -> bool:
     middle = [_spawn(redis_url, prefix, thread, i, work_s=0.05) for i in range(1, n - 1)]
     for i, p in enumerate(middle, start=1):
         outcome = _outcome(_events(p))
-        print(f"invocation-{i}: send -> {outcome} (the dead owner still holds the lease)")
+        print(f"invocation-{i}: send -> {outcome} (invocation-0 holds the lease)")
     winner.send_signal(os_signal.SIGKILL)
     _events(winner)
     print("invocation-0: SIGKILL (mid-run: its signal was never committed)")
@@ -187,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-s", type=float, default=0.1, help=argparse.SUPPRESS)
     parser.add_argument("--gate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Applications configure structlog (the library never does): warnings only, on stderr, so
+    # the children's stdout carries just their JSON reports.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
     if args.invocation is not None:
         anyio.run(invocation, args.redis_url, args.key_prefix, args.thread, args.invocation,
                   args.work_s, args.gate)

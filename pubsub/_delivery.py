@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -19,6 +19,8 @@ __all__ = ["EventQueue", "check_max_attempts", "deliver_with_retries"]
 
 logger: FilteringBoundLogger = structlog.get_logger("pubsub")
 
+T = TypeVar("T")
+
 
 def check_max_attempts(value: object) -> int:
     """Return ``value`` if it is a positive ``int`` of delivery attempts, else raise."""
@@ -29,29 +31,29 @@ def check_max_attempts(value: object) -> int:
     return value
 
 
-class EventQueue:
-    """A FIFO of events with an awaitable ``get``; cancelling a waiter never loses an item."""
+class EventQueue(Generic[T]):
+    """A FIFO with an awaitable ``get``; cancelling a waiter never loses an item."""
 
     def __init__(self) -> None:
-        self._items: deque[Event] = deque()
+        self._items: deque[T] = deque()
         self._ready: anyio.Event | None = None
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, event: Event) -> None:
+    def put(self, event: T) -> None:
         self._items.append(event)
         if self._ready is not None:
             self._ready.set()
             self._ready = None
 
-    def put_front(self, event: Event) -> None:
-        self._items.appendleft(event)
-        if self._ready is not None:
-            self._ready.set()
-            self._ready = None
+    def drain(self) -> list[T]:
+        """Remove and return every queued item."""
+        items = list(self._items)
+        self._items.clear()
+        return items
 
-    async def get(self) -> Event:
+    async def get(self) -> T:
         while not self._items:
             if self._ready is None:
                 self._ready = anyio.Event()

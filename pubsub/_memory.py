@@ -18,6 +18,7 @@ from ._contract import (
     PubSub,
     StartFrom,
     Subscription,
+    check_json,
     check_topic,
 )
 from ._delivery import EventQueue, check_max_attempts, deliver_with_retries
@@ -34,14 +35,14 @@ logger: FilteringBoundLogger = structlog.get_logger("pubsub")
 
 @dataclass
 class _Group:
-    queue: EventQueue = field(default_factory=EventQueue)
+    queue: EventQueue[Event] = field(default_factory=EventQueue)
     members: int = 0
 
 
 @dataclass
 class _Topic:
     retained: deque[Event]
-    fanout: list[EventQueue] = field(default_factory=list)
+    fanout: list[EventQueue[Event]] = field(default_factory=list)
     groups: dict[str, _Group] = field(default_factory=dict)
 
 
@@ -78,6 +79,7 @@ class InMemoryPubSub(PubSub):
             raise ValueError(f"retain must be a non-negative int, got {retain!r}")
         self._retain = retain
         self._topics: dict[str, _Topic] = {}
+        self._subs: set[_MemorySubscription] = set()
         self._tg: TaskGroup | None = None
         self._closed = False
 
@@ -101,15 +103,19 @@ class InMemoryPubSub(PubSub):
         self._closed = True
         if tg is None:
             return
-        tg.cancel_scope.cancel()
-        self._tg = None
-        await tg.__aexit__(exc_type, exc, tb)
+        try:
+            if exc_type is None:
+                await self.close()  # graceful: in-flight handlers finish
+        finally:
+            tg.cancel_scope.cancel()
+            self._tg = None
+            await tg.__aexit__(None, None, None)  # the body's own error propagates as is
 
     async def close(self) -> None:
-        """Stop every subscription. The task group itself ends when the ``async with`` exits."""
+        """Close every subscription (in-flight handlers finish first); refuse further use."""
         self._closed = True
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
+        for sub in list(self._subs):
+            await sub.close()
 
     def _require_open(self) -> TaskGroup:
         if self._closed:
@@ -121,9 +127,7 @@ class InMemoryPubSub(PubSub):
     def _topic(self, topic: str) -> _Topic:
         state = self._topics.get(topic)
         if state is None:
-            state = self._topics[topic] = _Topic(retained=deque(maxlen=self._retain or None))
-            if self._retain == 0:
-                state.retained = deque(maxlen=0)
+            state = self._topics[topic] = _Topic(retained=deque(maxlen=self._retain))
         return state
 
     # -- contract --------------------------------------------------------------------------
@@ -132,6 +136,7 @@ class InMemoryPubSub(PubSub):
         check_topic(topic)
         if not isinstance(event, Event):
             raise TypeError(f"publish takes a pubsub.Event, got {type(event).__name__}")
+        check_json(event.data)  # the data may have been mutated since the Event was built
         self._require_open()
         state = self._topic(topic)
         state.retained.append(event)
@@ -160,7 +165,7 @@ class InMemoryPubSub(PubSub):
         tg = self._require_open()
         state = self._topic(topic)
         if group is None:
-            queue = EventQueue()
+            queue: EventQueue[Event] = EventQueue()
             if start_from == "earliest":
                 for event in state.retained:
                     queue.put(event)
@@ -175,13 +180,14 @@ class InMemoryPubSub(PubSub):
             grp.members += 1
             queue = grp.queue
         sub = _MemorySubscription(self, topic, group)
+        self._subs.add(sub)
         await tg.start(self._serve, sub, queue, handler, state)
         return sub
 
     async def _serve(
         self,
         sub: _MemorySubscription,
-        queue: EventQueue,
+        queue: EventQueue[Event],
         handler: EventHandler,
         state: _Topic,
         *,
@@ -213,4 +219,5 @@ class InMemoryPubSub(PubSub):
                 grp = state.groups.get(sub.group)
                 if grp is not None:
                     grp.members -= 1
+            self._subs.discard(sub)
             sub._done.set()

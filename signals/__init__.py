@@ -11,7 +11,7 @@ from ._inbox import EntryMode, InboxEntry, SignalInbox, is_signal_inbox
 from ._memory_inbox import InMemorySignalInbox
 from ._model import Delivery, IfActive, IfIdle, Outcome, Signal
 from ._redis_inbox import RedisSignalInbox
-from ._run import Run
+from ._run import Run, RunInfo
 from ._runtime import Agent, SignalRuntime, resolve_signal_inbox
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "Outcome",
     "RedisSignalInbox",
     "Run",
+    "RunInfo",
     "RuntimeClosedError",
     "Signal",
     "SignalInbox",

@@ -19,22 +19,29 @@ processed.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import redis.asyncio
 import redis.exceptions
 import sniffio
+import structlog
 
 from leases._errors import BackendUnavailableError, UnsupportedBackendError
 
 from ._inbox import EntryMode, InboxEntry
 from ._model import Signal
-from ._validation import check_thread_key
+from ._validation import check_entry_mode, check_limit, check_thread_key
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 __all__ = ["RedisSignalInbox"]
+
+logger: FilteringBoundLogger = structlog.get_logger("signals")
 
 _APPEND = """
 local t = redis.call('TIME')
@@ -63,11 +70,28 @@ end
 return 1
 """
 
+_STREAM_ID = re.compile(r"\d+-\d+")
+
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 def _text(value: object) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _decode_entry(entry_id: str, fields: Any) -> InboxEntry:
+    decoded = {_text(k): _text(v) for k, v in dict(fields).items()}
+    obj = json.loads(decoded["signal"])
+    if not isinstance(obj, dict):
+        raise ValueError("signal JSON must be an object")
+    mode: EntryMode = "queue" if decoded.get("mode") == "queue" else "deliver"
+    return InboxEntry(entry_id, Signal.from_dict(obj), mode)
+
+
+def _check_entry_id(entry_id: object) -> str:
+    if not isinstance(entry_id, str) or _STREAM_ID.fullmatch(entry_id) is None:
+        raise ValueError(f"not an entry id of this inbox (a Stream id like '1-0'): {entry_id!r}")
+    return entry_id
 
 
 @contextmanager
@@ -126,10 +150,12 @@ class RedisSignalInbox:
         return f"{self.key_prefix}:{{{thread_key}}}:inbox"
 
     def seen_key(self, thread_key: str) -> str:
+        """The sorted set of ``thread_key``'s recently accepted signal ids."""
         return f"{self.key_prefix}:{{{thread_key}}}:seen"
 
     @property
     def index_key(self) -> str:
+        """The sorted set of threads with pending signals (outside every thread's slot)."""
         return f"{self.key_prefix}:pending-threads"
 
     async def aclose(self) -> None:
@@ -151,9 +177,11 @@ class RedisSignalInbox:
     # -- SignalInbox ------------------------------------------------------------------------
 
     async def inbox_append(self, thread_key: str, signal: Signal, mode: EntryMode) -> bool:
+        """Store ``signal`` unless its id was accepted within the window (then ``False``)."""
         check_thread_key(thread_key)
-        if mode not in ("deliver", "queue"):
-            raise ValueError(f"mode must be 'deliver' or 'queue', got {mode!r}")
+        check_entry_mode(mode)
+        if not isinstance(signal, Signal):
+            raise TypeError(f"signal must be a Signal, got {type(signal).__name__}")
         payload = json.dumps(signal.to_dict(), separators=(",", ":"))
         with _redis_errors("append"):
             added = await self._append(
@@ -166,23 +194,32 @@ class RedisSignalInbox:
         self, thread_key: str, *, after: str | None = None, limit: int = 100
     ) -> list[InboxEntry]:
         check_thread_key(thread_key)
-        start = "-" if after is None else f"({after}"
+        check_limit(limit)
+        start = "-" if after is None else f"({_check_entry_id(after)}"
         with _redis_errors("read"):
             rows: Any = await self.client.xrange(
                 self.inbox_key(thread_key), min=start, max="+", count=limit
             )
         entries: list[InboxEntry] = []
-        for entry_id, fields in rows:
-            decoded = {_text(k): _text(v) for k, v in fields.items()}
-            mode = decoded.get("mode", "deliver")
-            signal = Signal.from_dict(json.loads(decoded["signal"]))
-            entries.append(
-                InboxEntry(_text(entry_id), signal, "queue" if mode == "queue" else "deliver")
-            )
+        malformed: list[str] = []
+        for raw_id, fields in rows:
+            entry_id = _text(raw_id)
+            try:
+                entries.append(_decode_entry(entry_id, fields))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                logger.warning(
+                    "signals.inbox_entry_dropped", key=thread_key, entry_id=entry_id,
+                    error=repr(exc),
+                )
+                malformed.append(entry_id)
+        if malformed:  # it could never be processed: drop it rather than block the thread
+            await self.inbox_remove(thread_key, malformed)
         return entries
 
     async def inbox_remove(self, thread_key: str, entry_ids: list[str]) -> None:
+        """Mark entries processed (XDEL); unknown ids are ignored."""
         check_thread_key(thread_key)
+        entry_ids = [_check_entry_id(e) for e in entry_ids]
         if not entry_ids:
             return
         with _redis_errors("remove"):
@@ -191,11 +228,17 @@ class RedisSignalInbox:
             )
 
     async def inbox_pending_count(self, thread_key: str) -> int:
+        """How many entries of ``thread_key`` wait to be processed (XLEN)."""
         check_thread_key(thread_key)
         with _redis_errors("count"):
             return int(await self.client.xlen(self.inbox_key(thread_key)))
 
     async def inbox_pending_threads(self, limit: int = 100) -> list[str]:
+        """Threads with pending entries, the longest-waiting first; at most ``limit``.
+
+        Index entries whose inbox turned out empty (idled out, deleted by hand) are dropped.
+        """
+        check_limit(limit)
         with _redis_errors("index read"):
             raw = await self.client.zrange(self.index_key, 0, limit - 1)
             threads = [_text(t) for t in raw]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -10,10 +11,26 @@ if TYPE_CHECKING:
     from ._inbox import InboxEntry, SignalInbox
     from ._model import Signal
 
-__all__ = ["Doorbell", "Run"]
+__all__ = ["Doorbell", "Run", "RunInfo"]
 
 #: How long a run waiting for follow-ups sleeps between inbox reads when no doorbell rings.
 POLL_INTERVAL_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A snapshot of the run this process has on a thread (see ``SignalRuntime.active_run``).
+
+    ``token`` is ``None`` until the run's lease keeper has entered (and always with the no-op
+    provider); ``started_at`` is Unix time in seconds; ``runs`` counts the runs of the chain
+    so far (1 for the run that woke the thread, +1 per handoff).
+    """
+
+    run_id: str
+    thread_key: str
+    token: int | None
+    started_at: float
+    runs: int
 
 
 class Doorbell:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -22,10 +23,10 @@ from leases._validation import check_ttl_ms
 from pubsub import Event, PubSub, Subscription
 
 from ._errors import ConfigurationError, RuntimeClosedError
-from ._inbox import EntryMode, SignalInbox, is_signal_inbox
+from ._inbox import EntryMode, InboxEntry, SignalInbox, is_signal_inbox
 from ._memory_inbox import InMemorySignalInbox
 from ._model import Delivery, IfActive, IfIdle, Outcome, Signal
-from ._run import Doorbell, Run
+from ._run import POLL_INTERVAL_S, Doorbell, Run, RunInfo
 from ._validation import check_thread_key
 
 if TYPE_CHECKING:
@@ -79,6 +80,11 @@ class _Chain:
         self.run_id = run_id
         self.doorbell = Doorbell()
         self.token: int | None = None
+        self.started_at = time.time()
+        self.runs = 0
+
+    def info(self) -> RunInfo:
+        return RunInfo(self.run_id, self.thread_key, self.token, self.started_at, self.runs)
 
     async def on_doorbell(self, event: Event) -> None:
         self.doorbell.ring()
@@ -98,10 +104,14 @@ class SignalRuntime:
     * The owner renews its lease every ``lease_ttl_ms / 3``; if the lease is lost the run is
       cancelled. Queued work is handed to the next run with ``transfer_lease``; the lease is
       released only when the inbox is empty.
+    * A run that waits for follow-ups (``idle_wait_ms``) is woken by a doorbell event on the
+      pub/sub topic ``topic_prefix + thread_key``.
     * Every ``recover_interval_ms`` (default: the lease TTL) the runtime looks for threads with
       pending signals and no owner (their owner died) and runs them.
 
-    Use as ``async with SignalRuntime(...) as runtime``; leaving waits for active runs.
+    Use as ``async with SignalRuntime(...) as runtime``; leaving waits for active runs (a
+    second cancellation cancels them; their leases then expire and the inbox keeps what they
+    had not finished).
     """
 
     def __init__(
@@ -119,6 +129,18 @@ class SignalRuntime:
     ) -> None:
         if not callable(agent):
             raise TypeError("agent must be an async callable taking a Run")
+        self.lease_ttl_ms = check_ttl_ms(lease_ttl_ms)
+        if isinstance(idle_wait_ms, bool) or not isinstance(idle_wait_ms, int):
+            raise TypeError(f"idle_wait_ms must be an int, got {type(idle_wait_ms).__name__}")
+        if idle_wait_ms < 0:
+            raise ValueError(f"idle_wait_ms must not be negative, got {idle_wait_ms}")
+        self.idle_wait_ms = idle_wait_ms
+        self.recover_interval_ms = check_ttl_ms(
+            recover_interval_ms if recover_interval_ms is not None else lease_ttl_ms
+        )
+        if not isinstance(topic_prefix, str) or not topic_prefix:
+            raise ValueError("topic_prefix must be a non-empty string")
+        self.topic_prefix = topic_prefix
         self.pubsub = pubsub
         self.agent = agent
         self.leases: LeaseProvider = (
@@ -127,16 +149,6 @@ class SignalRuntime:
         self.inbox: SignalInbox = inbox if inbox is not None else resolve_signal_inbox(
             pubsub, self.leases
         )
-        self.lease_ttl_ms = check_ttl_ms(lease_ttl_ms)
-        if isinstance(idle_wait_ms, bool) or not isinstance(idle_wait_ms, int) or idle_wait_ms < 0:
-            raise ValueError("idle_wait_ms must be a non-negative int")
-        self.idle_wait_ms = idle_wait_ms
-        self.recover_interval_ms = check_ttl_ms(
-            recover_interval_ms if recover_interval_ms is not None else lease_ttl_ms
-        )
-        if not isinstance(topic_prefix, str) or not topic_prefix:
-            raise ValueError("topic_prefix must be a non-empty string")
-        self.topic_prefix = topic_prefix
         self.runtime_id = runtime_id or f"rt-{uuid.uuid4().hex[:12]}"
         self._log: FilteringBoundLogger = logger.bind(runtime_id=self.runtime_id)
         self._chains: dict[str, _Chain] = {}
@@ -184,10 +196,18 @@ class SignalRuntime:
 
     # -- public API ------------------------------------------------------------------------
 
-    def active_run_id(self, thread_key: str) -> str | None:
-        """The run id of this process's active run on ``thread_key``, if any."""
+    def active_run(self, thread_key: str) -> RunInfo | None:
+        """The run this process has on ``thread_key`` right now, or ``None``.
+
+        Only this process's runs: another process may own the thread (ask the lease provider's
+        ``get_lease_owner`` for that).
+        """
         chain = self._chains.get(thread_key)
-        return chain.run_id if chain else None
+        return chain.info() if chain is not None else None
+
+    def active_threads(self) -> list[str]:
+        """The threads this process runs right now."""
+        return list(self._chains)
 
     async def wait_idle(self, thread_key: str | None = None) -> None:
         """Wait until this process runs nothing (on ``thread_key``, or on any thread)."""
@@ -207,8 +227,17 @@ class SignalRuntime:
         """Accept ``signal`` for ``thread_key`` and route it; see :class:`Delivery` outcomes.
 
         A value that is not a :class:`Signal` becomes the payload of a new ``user`` signal.
+
+        * The thread is active (a run here, or a lease owner elsewhere): ``if_active`` decides:
+          ``deliver`` (to the active run), ``queue`` (for a run of its own after the active
+          one), ``discard`` or ``reject``.
+        * The thread is idle: ``if_idle="wake"`` starts a run in this process if it wins the
+          lease (outcome ``wake``), else the signal goes to the winner (``deliver``);
+          ``if_idle="discard"`` drops it.
+
         Returns once the signal is in the inbox and the owner was told; a sender that loses the
-        election can exit right after. Backend errors propagate (never read as "idle").
+        election can exit right after. A signal id already accepted is not stored again (the
+        outcome is reported as if it were). Backend errors propagate (never read as "idle").
         """
         check_thread_key(thread_key)
         if not isinstance(signal, Signal):
@@ -220,34 +249,61 @@ class SignalRuntime:
         self._require_open()
         log = self._log.bind(key=thread_key, signal_id=signal.id)
 
-        owner = await self._current_owner(thread_key)
-        if owner is not None:
-            return await self._send_to_active(thread_key, signal, owner, if_active, log)
-        if if_idle == "discard":
-            log.debug("signal.discarded", reason="idle")
-            return Delivery("discarded", signal.id, thread_key)
-
-        lock = self._locks.setdefault(thread_key, anyio.Lock())
-        async with lock:
+        mode: EntryMode = "queue" if if_active == "queue" else "deliver"
+        if if_active in ("discard", "reject") or if_idle == "discard":
+            # The policy depends on whether the thread is active: ask first.
             owner = await self._current_owner(thread_key)
-            if owner is not None:
-                return await self._send_to_active(thread_key, signal, owner, if_active, log)
-            # Into the inbox before the election: whoever holds the lease, or takes it after
-            # the holder's release, sees the signal.
-            await self.inbox.inbox_append(thread_key, signal, "deliver")
+            if owner is not None and if_active in ("discard", "reject"):
+                if if_active == "discard":
+                    log.debug("signal.discarded", reason="active", owner=owner)
+                    return Delivery("discarded", signal.id, thread_key, owner=owner)
+                log.debug("signal.rejected", reason="active", owner=owner)
+                return Delivery("rejected", signal.id, thread_key, owner=owner)
+            if owner is None and if_idle == "discard":
+                log.debug("signal.discarded", reason="idle")
+                return Delivery("discarded", signal.id, thread_key)
+
+        # Into the inbox first, then claim the thread: whoever holds the lease at the moment our
+        # claim fails checks the inbox after its release, so the signal is never stranded.
+        fresh = await self.inbox.inbox_append(thread_key, signal, mode)
+        queued_outcome: Outcome = "queued" if mode == "queue" else "deliver"
+        async with self._lock(thread_key):
+            chain = self._chains.get(thread_key)
+            if chain is not None:
+                # A local run: its end-of-run check takes this lock, so it will see the entry.
+                chain.doorbell.ring()
+                log.debug("signal.enqueued", owner=chain.run_id, mode=mode, duplicate=not fresh,
+                          local=True)
+                return Delivery(
+                    queued_outcome, signal.id, thread_key, run_id=chain.run_id,
+                    owner=chain.run_id,
+                )
             run_id = self._new_run_id()
             result = await self.leases.acquire_lease(thread_key, run_id, self.lease_ttl_ms)
             if result.acquired:
                 await self._start_chain(thread_key, run_id)
-                log.info("signal.woke", owner=run_id, run_id=run_id, token=result.token)
+                log.info("signal.woke", owner=run_id, run_id=run_id, token=result.token,
+                         duplicate=not fresh)
                 return Delivery("wake", signal.id, thread_key, run_id=run_id, owner=run_id)
-            await self._ring(thread_key, signal)
-            log.info("signal.routed", owner=result.owner)
-            return Delivery(
-                "deliver", signal.id, thread_key, run_id=result.owner, owner=result.owner
-            )
+        await self._publish_doorbell(thread_key, signal)
+        log.debug("signal.enqueued", owner=result.owner, mode=mode, duplicate=not fresh,
+                  local=False)
+        return Delivery(
+            queued_outcome, signal.id, thread_key, run_id=result.owner, owner=result.owner
+        )
 
     # -- routing ---------------------------------------------------------------------------
+
+    def _lock(self, thread_key: str) -> anyio.Lock:
+        lock = self._locks.get(thread_key)
+        if lock is None:
+            lock = self._locks[thread_key] = anyio.Lock()
+        return lock
+
+    def _forget_lock(self, thread_key: str) -> None:
+        lock = self._locks.get(thread_key)
+        if lock is not None and not lock.locked() and lock.statistics().tasks_waiting == 0:
+            del self._locks[thread_key]
 
     async def _current_owner(self, thread_key: str) -> str | None:
         chain = self._chains.get(thread_key)
@@ -255,32 +311,7 @@ class SignalRuntime:
             return chain.run_id
         return await self.leases.get_lease_owner(thread_key)
 
-    async def _send_to_active(
-        self,
-        thread_key: str,
-        signal: Signal,
-        owner: str,
-        if_active: IfActive,
-        log: FilteringBoundLogger,
-    ) -> Delivery:
-        if if_active == "discard":
-            log.debug("signal.discarded", reason="active", owner=owner)
-            return Delivery("discarded", signal.id, thread_key, owner=owner)
-        if if_active == "reject":
-            log.debug("signal.rejected", owner=owner)
-            return Delivery("rejected", signal.id, thread_key, owner=owner)
-        mode: EntryMode = "queue" if if_active == "queue" else "deliver"
-        fresh = await self.inbox.inbox_append(thread_key, signal, mode)
-        await self._ring(thread_key, signal)
-        log.info("signal.enqueued", owner=owner, mode=mode, duplicate=not fresh)
-        outcome: Outcome = "queued" if mode == "queue" else "deliver"
-        return Delivery(outcome, signal.id, thread_key, run_id=owner, owner=owner)
-
-    async def _ring(self, thread_key: str, signal: Signal) -> None:
-        chain = self._chains.get(thread_key)
-        if chain is not None:
-            chain.doorbell.ring()
-            return
+    async def _publish_doorbell(self, thread_key: str, signal: Signal) -> None:
         await self.pubsub.publish(
             self.topic_prefix + thread_key,
             Event(DOORBELL_EVENT, {"thread_key": thread_key, "signal_id": signal.id}),
@@ -292,12 +323,18 @@ class SignalRuntime:
     # -- runs ------------------------------------------------------------------------------
 
     async def _start_chain(self, thread_key: str, run_id: str) -> None:
+        """Start the run chain of a thread whose lease ``run_id`` holds (under its lock)."""
         await self._require_open().start(self._run_chain, thread_key, run_id)
 
     def _notify_changed(self) -> None:
         if self._changed is not None:
             self._changed.set()
             self._changed = None
+
+    def _unregister(self, chain: _Chain) -> None:
+        if self._chains.get(chain.thread_key) is chain:
+            del self._chains[chain.thread_key]
+            self._notify_changed()
 
     async def _run_chain(
         self,
@@ -314,23 +351,25 @@ class SignalRuntime:
             try:
                 sub = await self.pubsub.subscribe(self.topic_prefix + thread_key, chain.on_doorbell)
             except Exception as exc:
+                # Runs still poll the inbox while they wait, so this only slows follow-ups.
                 log.warning("signals.doorbell_unavailable", error=repr(exc))
             task_status.started()
             try:
                 await self._chain_loop(chain, log)
             except Exception as exc:
+                # The lease is left to expire; recovery (here or elsewhere) resumes the inbox.
                 log.error("run.chain_failed", owner=chain.run_id, run_id=chain.run_id,
                           error=repr(exc))
         finally:
+            self._unregister(chain)
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 if sub is not None:
                     try:
                         await sub.close()
                     except Exception as exc:
                         log.debug("signals.doorbell_close_failed", error=repr(exc))
-            if self._chains.get(thread_key) is chain:
-                del self._chains[thread_key]
-            self._notify_changed()
+            if thread_key not in self._chains:
+                self._forget_lock(thread_key)
 
     async def _chain_loop(self, chain: _Chain, log: FilteringBoundLogger) -> None:
         thread_key = chain.thread_key
@@ -341,28 +380,39 @@ class SignalRuntime:
                 lost = await self._one_run(chain, entries[0], log)
                 if lost:
                     return
-            if await self.inbox.inbox_pending_count(thread_key) > 0:
-                next_id = self._new_run_id()
-                if await self.leases.transfer_lease(thread_key, chain.run_id, next_id, ttl):
-                    log.info("lease.handoff", owner=next_id, run_id=next_id,
-                             from_run_id=chain.run_id)
-                    chain.run_id = next_id
-                    continue
-                log.warning("lease.lost", owner=chain.run_id, run_id=chain.run_id,
-                            reason="transfer refused")
+            # The end-of-run decision holds the thread's lock, so a local sender either
+            # appended before it (seen here) or finds no chain and claims the lease itself.
+            async with self._lock(thread_key):
+                if await self.inbox.inbox_pending_count(thread_key) > 0:
+                    next_id = self._new_run_id()
+                    if await self.leases.transfer_lease(thread_key, chain.run_id, next_id, ttl):
+                        log.info("lease.handoff", owner=next_id, run_id=next_id,
+                                 from_run_id=chain.run_id, token=chain.token)
+                        chain.run_id, chain.token = next_id, None
+                        continue
+                    log.warning("lease.lost", owner=chain.run_id, run_id=chain.run_id,
+                                token=chain.token, reason="transfer refused")
+                    self._unregister(chain)
+                    return
+                await self.leases.release_lease(thread_key, chain.run_id)
+                log.debug("lease.released", owner=chain.run_id, run_id=chain.run_id,
+                          token=chain.token)
+                # A remote sender may have appended and lost its claim to us just before the
+                # release: look again, and claim the thread back if so.
+                if await self.inbox.inbox_pending_count(thread_key) > 0:
+                    next_id = self._new_run_id()
+                    result = await self.leases.acquire_lease(thread_key, next_id, ttl)
+                    if result.acquired:
+                        log.info("lease.reacquired", owner=next_id, run_id=next_id,
+                                 token=result.token)
+                        chain.run_id, chain.token = next_id, result.token
+                        continue
+                self._unregister(chain)
                 return
-            await self.leases.release_lease(thread_key, chain.run_id)
-            log.debug("lease.released", owner=chain.run_id, run_id=chain.run_id)
-            # A sender may have appended and lost the election to us just before the release.
-            if await self.inbox.inbox_pending_count(thread_key) > 0:
-                next_id = self._new_run_id()
-                result = await self.leases.acquire_lease(thread_key, next_id, ttl)
-                if result.acquired:
-                    chain.run_id = next_id
-                    continue
-            return
 
-    async def _one_run(self, chain: _Chain, first: Any, log: FilteringBoundLogger) -> bool:
+    async def _one_run(
+        self, chain: _Chain, first: InboxEntry, log: FilteringBoundLogger
+    ) -> bool:
         """Run the agent once; True when the lease was lost (the chain must stop)."""
         run_id = chain.run_id
         try:
@@ -370,6 +420,8 @@ class SignalRuntime:
                 self.leases, chain.thread_key, run_id, self.lease_ttl_ms, release_on_exit=False
             )
             async with keeper:
+                chain.token = keeper.token
+                chain.runs += 1
                 run = Run(
                     run_id=run_id,
                     thread_key=chain.thread_key,
@@ -378,20 +430,25 @@ class SignalRuntime:
                     first=first,
                     doorbell=chain.doorbell,
                     idle_wait_s=self.idle_wait_ms / 1000,
+                    poll_interval_s=min(POLL_INTERVAL_S, self.lease_ttl_ms / 3000),
                 )
                 rlog = log.bind(owner=run_id, run_id=run_id, token=keeper.token)
-                rlog.info("run.started")
+                rlog.info("run.started", signal_id=first.signal.id)
                 try:
                     await self.agent(run)
                 except Exception as exc:
+                    # Commit what it consumed all the same: a poison signal must not loop.
                     rlog.error("run.failed", error=repr(exc), consumed=run.consumed)
                 else:
                     rlog.info("run.finished", consumed=run.consumed)
         except LeaseNotAcquiredError as exc:
             log.warning("lease.lost", owner=run_id, run_id=run_id, reason="taken",
                         holder=exc.owner)
+            self._unregister(chain)
             return True
         if keeper.lost:
+            # Stop without committing the in-flight signal: the next owner processes it again.
+            self._unregister(chain)
             log.warning("run.cancelled", owner=run_id, run_id=run_id, token=keeper.token,
                         reason=keeper.lost_reason)
             return True
@@ -419,8 +476,7 @@ class SignalRuntime:
         for thread_key in await self.inbox.inbox_pending_threads():
             if thread_key in self._chains:
                 continue
-            lock = self._locks.setdefault(thread_key, anyio.Lock())
-            async with lock:
+            async with self._lock(thread_key):
                 if thread_key in self._chains:
                     continue
                 if await self.leases.get_lease_owner(thread_key) is not None:

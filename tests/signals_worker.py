@@ -50,10 +50,10 @@ async def _run(args: argparse.Namespace) -> None:
 
     async def agent(run: Run) -> None:
         async for signal in run:
-            if isinstance(signal.payload, dict) and signal.payload.get("block"):
-                # Blocks the first time only (the process is killed there); a re-delivery goes on.
-                if await record.rpush(f"{args.prefix}:started", signal.id) == 1:
-                    await anyio.sleep_forever()
+            # Blocks the first time only (the process is killed there); a re-delivery goes on.
+            blocks = isinstance(signal.payload, dict) and signal.payload.get("block")
+            if blocks and await record.rpush(f"{args.prefix}:started", signal.id) == 1:
+                await anyio.sleep_forever()
             await anyio.sleep(args.work_ms / 1000)
             await record.rpush(f"{args.prefix}:processed", f"{signal.id} {run.run_id} {pid}")
 

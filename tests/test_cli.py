@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from leases import RedisLeaseProvider
-from signals import RedisSignalInbox, Signal
+from signals import EntryMode, RedisSignalInbox, Signal
 from signals._cli import Prefixes, _redact, main
 from tests._redis_server import free_port
 
@@ -63,7 +63,7 @@ async def test_inspect_shows_lease_and_queued_signals(
     grant = await leases.acquire_lease("t-1", "run-abc", 60_000)
     assert grant.acquired
     for i in range(3):
-        mode = "queue" if i == 2 else "deliver"
+        mode: EntryMode = "queue" if i == 2 else "deliver"
         await inbox.inbox_append("t-1", Signal({"i": i}, type="user", id=f"sig-{i}"), mode)
 
     text = cli("inspect", "t-1", "--redis-url", redis_url, "--key-prefix", key_prefix)

@@ -41,3 +41,10 @@ def test_docs_links_point_to_existing_files() -> None:
     for page in sorted((ROOT / "docs").glob("*.md")):
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).is_file(), f"{page.name} links to missing {target}"
+
+
+def test_api_md_log_table_is_current() -> None:
+    checker = _checker()
+    assert checker.log_table_in_docs() == checker.log_table(), (
+        "docs/api.md's log table is stale: run `python docs/check_api.py --write`"
+    )

@@ -1,19 +1,23 @@
-"""RedisStreamsPubSub on a real Redis: crash reclaim, restart, bounds, one reader connection."""
+"""RedisStreamsPubSub on a real Redis: crash reclaim, restart, bounds, one reader connection,
+no hoarding, the attempt count in Redis, and the sweep of dead processes' leftovers."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio
+import structlog.testing
 
 import leases
 from pubsub import Event, PubSubClosedError, RedisStreamsPubSub, UnsupportedBackendError
+from pubsub.testing import Recorder
 from tests._redis_server import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -25,35 +29,58 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def _wait_for(predicate: object, timeout: float = 10) -> None:
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def _wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 10) -> None:
     with anyio.fail_after(timeout):
-        while not await predicate():  # type: ignore[operator]
+        while not await predicate():  # noqa: ASYNC110 - polls Redis, not a local flag
             await anyio.sleep(0.02)
+
+
+def _has(items: list[Any], value: Any) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return value in items
+
+    return check
+
+
+# -- crash, restart -------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 async def test_sigkilled_consumer_pending_events_are_reclaimed(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
 ) -> None:
-    client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    worker = subprocess.Popen(
+    worker = await anyio.open_process(
         [sys.executable, "-m", "tests.pubsub_kill_worker", redis_url, key_prefix],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT, stderr=None, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert worker.stdout is not None
-        assert worker.stdout.readline().strip() == "ready"
+        with anyio.fail_after(30):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await worker.stdout.receive(1)
+        assert line.strip() == b"ready"
         async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as publisher:
-            ids = [await publisher.publish("t", Event("e", "ok" if i else "block"))
-                   for i in range(5)]
+            ids = [
+                await publisher.publish("t", Event("e", "ok" if i else "block")) for i in range(5)
+            ]
 
         async def started() -> bool:
-            return bool(await client.llen(f"{key_prefix}:started"))
+            return bool(await raw.llen(f"{key_prefix}:started"))
 
         await _wait_for(started)
         os.kill(worker.pid, signal.SIGKILL)
-        worker.communicate(timeout=10)
+        with anyio.fail_after(10):
+            await worker.wait()
 
         got: dict[str, int] = {}
 
@@ -67,16 +94,17 @@ async def test_sigkilled_consumer_pending_events_are_reclaimed(
             await survivor.subscribe("t", handler, group="g")
 
             async def all_done() -> bool:
-                handled = set(await client.lrange(f"{key_prefix}:handled", 0, -1))
+                handled = set(await raw.lrange(f"{key_prefix}:handled", 0, -1))
                 return handled | set(got) >= set(ids)
 
             await _wait_for(all_done)
-            pending = await client.xpending(survivor.stream_key("t"), "g")
+            pending: Any = await raw.xpending(survivor.stream_key("t"), "g")
     finally:
-        if worker.poll() is None:
+        if worker.returncode is None:
             worker.kill()
-            worker.communicate(timeout=10)
-        await client.aclose()
+            with anyio.move_on_after(10):
+                await worker.wait()
+        await worker.aclose()
     assert ids[0] in got, "the event the dead consumer was handling is delivered again"
     assert got[ids[0]] >= 2
     assert pending["pending"] == 0
@@ -106,11 +134,27 @@ async def test_reconnects_after_restart_without_losing_events(key_prefix: str) -
     assert sorted(got) == ["after", "before", "while-away"]
 
 
-def _has(items: list[str], value: str) -> object:
-    async def check() -> bool:
-        return value in items
+async def test_a_deleted_stream_is_recreated_with_its_groups(
+    redis_url: str, key_prefix: str
+) -> None:
+    fan, grouped = Recorder(), Recorder()
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=100) as ps:
+        await ps.subscribe("t", fan)
+        await ps.subscribe("t", grouped, group="g")
+        await ps.publish("t", Event("e", 1))
+        await _wait_for(lambda: _true(len(fan.events) == 1 and len(grouped.events) == 1))
+        await ps.redis_client.delete(ps.stream_key("t"))  # as if the idle TTL expired
+        await ps.publish("t", Event("e", 2))
+        await _wait_for(lambda: _true(2 in fan.data and 2 in grouped.data))
+    assert fan.data == [1, 2]
+    assert grouped.data == [1, 2]
 
-    return check
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+# -- bounds and connections -----------------------------------------------------------------
 
 
 async def test_streams_are_bounded(redis_url: str, key_prefix: str) -> None:
@@ -128,29 +172,222 @@ async def test_streams_are_bounded(redis_url: str, key_prefix: str) -> None:
 async def test_one_reader_connection_serves_every_subscription(
     redis_url: str, key_prefix: str
 ) -> None:
-    async def handler(event: Event) -> None:
-        return None
-
+    got = Recorder()
     async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=50) as ps:
         for i in range(20):
-            await ps.subscribe(f"topic-{i}", handler)
+            await ps.subscribe(f"topic-{i}", got)
         for i in range(3):
-            await ps.subscribe("shared", handler, group=f"g{i}")
-        await anyio.sleep(0.3)
-        clients = await ps.redis_client.client_list()
+            await ps.subscribe("shared", got, group=f"g{i}")
+        for i in range(20):
+            await ps.publish(f"topic-{i}", Event("e", i))
+        await ps.publish("shared", Event("e", "shared"))
+        await _wait_for(lambda: _true(len(got.events) == 23))
+        clients: Any = await ps.redis_client.client_list()
         readers = [c for c in clients if c.get("name", "").startswith(f"{key_prefix}:reader:")]
     assert len(readers) == 1
 
 
-async def test_fanout_groups_are_destroyed_on_close(redis_url: str, key_prefix: str) -> None:
-    async def handler(event: Event) -> None:
-        return None
+async def test_a_new_subscription_does_not_wait_out_a_blocked_read(
+    redis_url: str, key_prefix: str
+) -> None:
+    got = Recorder()
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=60_000) as ps:
+        await ps.subscribe("quiet", got)
+        await anyio.sleep(0.2)  # the reader is now blocked for up to a minute
+        await ps.subscribe("busy", got)  # same fan-out group, a stream the read does not cover
+        await ps.publish("busy", Event("e", "now"))
+        with anyio.fail_after(20):  # far below block_ms: CLIENT UNBLOCK ended the read
+            await _wait_for(lambda: _true(got.data == ["now"]))
+        await ps.subscribe("other", got, group="g")  # a second group name: short blocks
+        await ps.publish("other", Event("e", "then"))
+        with anyio.fail_after(20):
+            await _wait_for(lambda: _true(got.data == ["now", "then"]))
 
+
+async def test_fanout_groups_are_destroyed_on_close(redis_url: str, key_prefix: str) -> None:
     async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as ps:
-        sub = await ps.subscribe("t", handler)
+        sub = await ps.subscribe("t", Recorder())
         assert len(await ps.redis_client.xinfo_groups(ps.stream_key("t"))) == 1
         await sub.close()
         assert await ps.redis_client.xinfo_groups(ps.stream_key("t")) == []
+
+
+# -- competing consumers across processes ----------------------------------------------------
+
+
+async def test_a_busy_process_does_not_hoard_a_groups_entries(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    gate = anyio.Event()
+    slow_got, fast_got = Recorder(), Recorder()
+
+    async def slow(event: Event) -> None:
+        await slow_got(event)
+        await gate.wait()
+
+    async with (
+        RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, consumer_name="slow") as a,
+        RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, consumer_name="fast") as b,
+    ):
+        await a.subscribe("t", slow, group="g")
+        await b.subscribe("t", fast_got, group="g")
+        ids = [await a.publish("t", Event("e", i)) for i in range(200)]
+        pending: Any = {}
+
+        async def refreshed() -> bool:
+            nonlocal pending
+            pending = await raw.xpending(a.stream_key("t"), "g")
+            return len(fast_got.events) + _held(pending, "g:slow") >= 200
+
+        await _wait_for(refreshed)
+        held = _held(pending, "g:slow")
+        gate.set()
+        await _wait_for(lambda: _true(len(slow_got.events) + len(fast_got.events) >= 200))
+    assert held <= 33, f"the blocked process holds {held} entries"
+    assert sorted(e.id for e in slow_got.events + fast_got.events) == sorted(ids)
+
+
+def _held(pending: Any, consumer: str) -> int:
+    for row in pending.get("consumers") or []:
+        if row["name"] == consumer:
+            return int(row["pending"])
+    return 0
+
+
+async def test_a_live_slow_handler_keeps_its_entry(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    release, started = anyio.Event(), anyio.Event()
+    other = Recorder()
+
+    async def slow(event: Event) -> None:
+        started.set()
+        await release.wait()
+
+    settings: dict[str, Any] = {"reclaim_idle_ms": 200, "reclaim_interval_ms": 50}
+    async with (
+        RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, **settings) as a,
+        RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, **settings) as b,
+    ):
+        await a.subscribe("t", slow, group="g")
+        await a.publish("t", Event("e", "long"))
+        with anyio.fail_after(10):
+            await started.wait()
+        await b.subscribe("t", other, group="g")
+        await anyio.sleep(1.2)  # six times reclaim_idle_ms: b reclaims every 50 ms
+        release.set()
+    assert other.events == [], "another consumer took an entry a live handler was working on"
+
+
+# -- delivery count across processes ---------------------------------------------------------
+
+
+async def _orphan(raw: redis.asyncio.Redis, stream: str, count: int) -> str:
+    """An entry in group ``g`` pending on a dead consumer, delivered ``count`` times."""
+    await raw.xgroup_create(stream, "g", id="0", mkstream=True)
+    entry_id = await raw.xadd(stream, {"event": Event("e", "orphan").to_json()})
+    await raw.xreadgroup("g", "g:dead", {stream: ">"})
+    await raw.xclaim(stream, "g", "g:dead", 0, [entry_id], retrycount=count, justid=True)
+    return str(entry_id)
+
+
+@pytest.mark.parametrize("count", [2, 3])
+async def test_the_redis_delivery_count_carries_the_cap(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis, count: int
+) -> None:
+    got = Recorder()
+    async with RedisStreamsPubSub(
+        url=redis_url, key_prefix=key_prefix, max_delivery_attempts=3,
+        reclaim_idle_ms=100, reclaim_interval_ms=50,
+    ) as ps:
+        stream = ps.stream_key("t")
+        await _orphan(raw, stream, count)
+        with structlog.testing.capture_logs() as logs:
+            await ps.subscribe("t", got, group="g")
+
+            async def settled() -> bool:
+                info: Any = await raw.xpending(stream, "g")
+                return info["pending"] == 0
+
+            await _wait_for(settled)
+    dropped = [e for e in logs if e["event"] == "pubsub.event_dropped"]
+    if count < 3:
+        assert [e.delivery_attempt for e in got.events] == [count + 1]
+        assert dropped == []
+    else:  # the dead consumer had the last allowed attempt
+        assert got.events == []
+        assert len(dropped) == 1 and dropped[0]["attempts"] == 3
+
+
+async def test_local_retries_are_counted_in_redis(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    third, release = anyio.Event(), anyio.Event()
+
+    async def handler(event: Event) -> None:
+        if event.delivery_attempt < 3:
+            raise RuntimeError("not yet")
+        third.set()
+        await release.wait()
+
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as ps:
+        await ps.subscribe("t", handler, group="g")
+        await ps.publish("t", Event("e"))
+        with anyio.fail_after(10):
+            await third.wait()
+        rows: Any = await raw.xpending_range(ps.stream_key("t"), "g", "-", "+", 10)
+        release.set()
+    assert [r["times_delivered"] for r in rows] == [3]
+
+
+async def test_malformed_entries_are_skipped_and_acked(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    got = Recorder()
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as ps:
+        await ps.subscribe("t", got, group="g")
+        await raw.xadd(ps.stream_key("t"), {"event": "{not json"})
+        await raw.xadd(ps.stream_key("t"), {"other": "field"})
+        await ps.publish("t", Event("e", "fine"))
+        await _wait_for(lambda: _true(got.data == ["fine"]))
+
+        async def settled() -> bool:
+            info: Any = await raw.xpending(ps.stream_key("t"), "g")
+            return info["pending"] == 0
+
+        await _wait_for(settled)
+    assert got.data == ["fine"]
+
+
+# -- leftovers of dead processes -------------------------------------------------------------
+
+
+async def test_dead_processes_fanout_groups_and_consumers_are_swept(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    async with RedisStreamsPubSub(
+        url=redis_url, key_prefix=key_prefix, reclaim_idle_ms=100, reclaim_interval_ms=50
+    ) as ps:
+        stream = ps.stream_key("t")
+        await raw.xgroup_create(stream, "fanout:dead", id="$", mkstream=True)
+        await raw.xgroup_create(stream, "fanout:alive", id="$")
+        await raw.set(f"{key_prefix}:alive:alive", "1", px=60_000)
+        await raw.xgroup_create(stream, "g", id="$")
+        await raw.xgroup_createconsumer(stream, "g", "g:dead")
+        await ps.subscribe("t", Recorder())
+        await ps.subscribe("t", Recorder(), group="g")
+
+        async def swept() -> bool:
+            names = {g["name"] for g in await raw.xinfo_groups(stream)}
+            consumers = {c["name"] for c in await raw.xinfo_consumers(stream, "g")}
+            return "fanout:dead" not in names and "g:dead" not in consumers
+
+        await _wait_for(swept)
+        names = {g["name"] for g in await raw.xinfo_groups(stream)}
+    assert {"fanout:alive", f"fanout:{ps.process_id}", "g"} <= names
+
+
+# -- the lease provider, errors ---------------------------------------------------------------
 
 
 async def test_is_a_lease_provider_on_the_same_connection(redis_url: str, key_prefix: str) -> None:
@@ -162,6 +399,31 @@ async def test_is_a_lease_provider_on_the_same_connection(redis_url: str, key_pr
         assert await ps.get_lease_owner("k") == "a"
         info = await ps.lease_info("k")
         assert info is not None and info.owner == "a"
+        assert await ps.renew_lease("k", "a", 5000)
+        assert await ps.transfer_lease("k", "a", "b", 5000)
+        await ps.release_lease("k", "b")
+        assert await ps.get_lease_owner("k") is None
+        assert await ps.redis_client.exists(f"{ps.key_prefix}:lease:k") == 0
+
+
+async def test_publish_works_without_entering(redis_url: str, key_prefix: str) -> None:
+    ps = RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix)
+    try:
+        event = Event("e")
+        assert await ps.publish("t", event) == event.id
+        assert await ps.redis_client.xlen(ps.stream_key("t")) == 1
+    finally:
+        await ps.redis_client.aclose()
+
+
+async def test_a_given_client_is_not_closed(redis_url: str, key_prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with RedisStreamsPubSub(client=client, key_prefix=key_prefix) as ps:
+            assert ps.redis_client is client
+        assert await client.ping()
+    finally:
+        await client.aclose()
 
 
 async def test_errors_are_clear(redis_url: str, key_prefix: str) -> None:
@@ -169,23 +431,30 @@ async def test_errors_are_clear(redis_url: str, key_prefix: str) -> None:
         RedisStreamsPubSub()
     with pytest.raises(ValueError):
         RedisStreamsPubSub(url=redis_url, max_delivery_attempts=0)
+    with pytest.raises(ValueError):
+        RedisStreamsPubSub(url=redis_url, block_ms=0)
+    with pytest.raises(ValueError, match="consumer_name"):
+        RedisStreamsPubSub(url=redis_url, consumer_name="a:b")
     ps = RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix)
-
-    async def handler(event: Event) -> None:
-        return None
-
-    with pytest.raises(PubSubClosedError):
-        await ps.subscribe("t", handler)
+    with pytest.raises(PubSubClosedError, match="async with"):
+        await ps.subscribe("t", Recorder())
+    async with ps:
+        with pytest.raises(ValueError, match="reserved"):
+            await ps.subscribe("t", Recorder(), group="fanout:x")
     with pytest.raises(leases.BackendUnavailableError):
         async with RedisStreamsPubSub(url="redis://127.0.0.1:1/0"):
             pass
-    await ps.redis_client.aclose()
+    with pytest.raises(leases.BackendUnavailableError):
+        await RedisStreamsPubSub(url="redis://127.0.0.1:1/0").publish("t", Event("e"))
 
 
 def test_trio_is_refused_clearly() -> None:
     async def main() -> None:
         ps = RedisStreamsPubSub(url="redis://127.0.0.1:1/0")
-        with pytest.raises(UnsupportedBackendError):
+        with pytest.raises(UnsupportedBackendError, match="asyncio"):
             await ps.publish("t", Event("e"))
+        with pytest.raises(UnsupportedBackendError, match="asyncio"):
+            async with ps:
+                pass
 
     anyio.run(main, backend="trio")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,31 @@ def _lines(proc: subprocess.Popen[str], timeout: float = 60) -> list[dict[str, A
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def _texts(rows: list[bytes | str]) -> list[str]:
+    return [r.decode() if isinstance(r, bytes) else r for r in rows]
+
+
+async def _poll_until(read: Callable[[], Awaitable[bool]], timeout: float = 30) -> None:
+    """Poll another process's progress (no event to wait on across processes)."""
+    with anyio.fail_after(timeout):
+        while True:
+            if await read():
+                return
+            await anyio.sleep(0.05)
+
+
 async def _processed(redis_url: str, prefix: str) -> list[str]:
     client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
     try:
-        return list(await client.lrange(f"{prefix}:processed", 0, -1))
+        return _texts(await client.lrange(f"{prefix}:processed", 0, -1))
     finally:
         await client.aclose()
 
 
 @pytest.mark.slow
-async def test_concurrent_senders_one_wake_every_signal_once(redis_url: str, key_prefix: str) -> None:
+async def test_concurrent_senders_one_wake_every_signal_once(
+    redis_url: str, key_prefix: str
+) -> None:
     start_at = time.time() + 3.0
     procs = [
         _worker(
@@ -94,9 +110,10 @@ async def test_killed_owner_signals_are_processed_by_the_next_owner(
     )
     client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
     try:
-        with anyio.fail_after(30):
-            while not await client.lrange(f"{key_prefix}:started", 0, -1):
-                await anyio.sleep(0.05)
+        async def owner_started() -> bool:
+            return bool(await client.lrange(f"{key_prefix}:started", 0, -1))
+
+        await _poll_until(owner_started)
         os.kill(owner.pid, os_signal.SIGKILL)
         owner.communicate(timeout=10)
         # A second process that sends nothing: its recovery loop must find the orphaned inbox.
@@ -105,9 +122,10 @@ async def test_killed_owner_signals_are_processed_by_the_next_owner(
             "--seconds", "60", "--work-ms", "10",
         )
         try:
-            with anyio.fail_after(30):
-                while len(await client.lrange(f"{key_prefix}:processed", 0, -1)) < 3:
-                    await anyio.sleep(0.05)
+            async def all_processed() -> bool:
+                return len(await client.lrange(f"{key_prefix}:processed", 0, -1)) >= 3
+
+            await _poll_until(all_processed)
             started = await client.lrange(f"{key_prefix}:started", 0, -1)
         finally:
             survivor.kill()
@@ -126,7 +144,7 @@ async def test_probe_never_sees_the_lease_free_during_handoffs(
     ran: list[str] = []
 
     async def agent(run: Run) -> None:
-        async for signal in run:
+        async for _signal in run:
             ran.append(run.run_id)
             await anyio.sleep(0.05)
 
@@ -151,7 +169,7 @@ async def test_probe_never_sees_the_lease_free_during_handoffs(
                 await runtime.wait_idle()
             done.set()
         await probe.aclose()
-    owners = [o for o in observed]
+    owners = list(observed)
     while owners and owners[0] is None:
         owners.pop(0)
     while owners and owners[-1] is None:

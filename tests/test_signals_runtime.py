@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -9,11 +10,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from leases import AcquireResult, InMemoryLeaseProvider, NoopLeaseProvider
-from pubsub import InMemoryPubSub
+from leases.testing import ManualClock
+from pubsub import InMemoryPubSub, Subscription
 from signals import (
     ConfigurationError,
+    EntryMode,
     InMemorySignalInbox,
     Run,
+    RunInfo,
     RuntimeClosedError,
     Signal,
     SignalRuntime,
@@ -249,3 +253,310 @@ async def test_shared_leases_without_shared_inbox_is_a_configuration_error() -> 
 
     with pytest.raises(ConfigurationError, match="inbox"):
         SignalRuntime(pubsub=InMemoryPubSub(), agent=agent, leases=ForeignLeases())
+
+
+# -- races at the end of a run, lease loss by expiry, run API, shutdown --------------------------
+
+
+class HookedInbox(InMemorySignalInbox):
+    """An in-memory inbox that runs a hook after each append (to interleave a race by hand)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after_append: Callable[[], Awaitable[None]] | None = None
+
+    async def inbox_append(self, thread_key: str, signal: Signal, mode: EntryMode) -> bool:
+        added = await super().inbox_append(thread_key, signal, mode)
+        if self.after_append is not None:
+            await self.after_append()
+        return added
+
+
+async def test_owner_that_finishes_during_the_append_does_not_strand_the_signal() -> None:
+    leases = InMemoryLeaseProvider()
+    inbox = HookedInbox()
+    seen: list[tuple[str, Any]] = []
+    assert (await leases.acquire_lease("t", "remote-run", 60_000)).acquired
+
+    async def remote_owner_finishes() -> None:
+        # The remote owner checked its (empty) inbox a moment ago and now releases.
+        await leases.release_lease("t", "remote-run")
+
+    inbox.after_append = remote_owner_finishes
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=recording_agent(seen), leases=leases, inbox=inbox
+    ) as runtime:
+        delivery = await runtime.send("t", "late")
+        assert delivery.outcome == "wake"  # nobody else would have read it
+        inbox.after_append = None
+        await runtime.wait_idle()
+    assert [p for _, p in seen] == ["late"]
+
+
+class SlowClosePubSub(InMemoryPubSub):
+    """Subscriptions whose ``close`` waits for ``release`` (a slow network, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closing = anyio.Event()
+        self.release = anyio.Event()
+
+    async def subscribe(self, topic: str, handler: Any, **kwargs: Any) -> Subscription:
+        inner = await super().subscribe(topic, handler, **kwargs)
+        outer = self
+
+        class Slow(Subscription):
+            async def close(self) -> None:
+                outer.closing.set()
+                await outer.release.wait()
+                await inner.close()
+
+        return Slow()
+
+
+async def test_a_send_while_the_chain_winds_down_starts_a_new_run() -> None:
+    seen: list[tuple[str, Any]] = []
+    leases = InMemoryLeaseProvider()
+    async with SlowClosePubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=recording_agent(seen), leases=leases
+    ) as runtime:
+        first = await runtime.send("t", "a")
+        with anyio.fail_after(5):
+            await pubsub.closing.wait()  # the chain released the lease and is closing down
+        second = await runtime.send("t", "b")
+        assert second.outcome == "wake", "the winding-down chain must not take the signal"
+        assert second.run_id != first.run_id
+        pubsub.release.set()
+        await runtime.wait_idle()
+        assert await runtime.inbox.inbox_pending_count("t") == 0
+    assert [p for _, p in seen] == ["a", "b"]
+
+
+class CountHookInbox(InMemorySignalInbox):
+    """Runs ``before_count`` once, at the chain's first end-of-run ``inbox_pending_count``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before_count: Callable[[], Awaitable[None]] | None = None
+        self.appended = anyio.Event()
+
+    async def inbox_append(self, thread_key: str, signal: Signal, mode: EntryMode) -> bool:
+        added = await super().inbox_append(thread_key, signal, mode)
+        self.appended.set()
+        return added
+
+    async def inbox_pending_count(self, thread_key: str) -> int:
+        hook, self.before_count = self.before_count, None
+        if hook is not None:
+            await hook()
+        return await super().inbox_pending_count(thread_key)
+
+
+async def test_follow_up_during_end_of_run_check_is_handed_over() -> None:
+    """A local send that appends while the chain decides release-or-handoff: handoff."""
+    leases = RecordingLeases()
+    inbox = CountHookInbox()
+    seen: list[tuple[str, Any]] = []
+    deliveries: list[Any] = []
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=recording_agent(seen), leases=leases, inbox=inbox
+    ) as runtime, anyio.create_task_group() as tg:
+
+        async def send_follow_up() -> None:
+            deliveries.append(await runtime.send("t", "b"))
+
+        async def concurrent_send() -> None:
+            inbox.appended = anyio.Event()
+            tg.start_soon(send_follow_up)
+            await inbox.appended.wait()  # appended; the send now waits for the chain's lock
+
+        await runtime.send("t", "a")
+        inbox.before_count = concurrent_send
+        await runtime.wait_idle()
+    assert [p for _, p in seen] == ["a", "b"]
+    [delivery] = deliveries
+    assert delivery.outcome == "deliver"
+    assert seen[0][0] != seen[1][0]
+    ends = [c for c in leases.calls if c[0] != "acquire"]
+    assert ends == [("transfer", seen[0][0], seen[1][0]), ("release", seen[1][0])]
+
+
+async def test_lease_expiring_on_the_provider_clock_cancels_the_run() -> None:
+    clock = ManualClock()
+    leases = InMemoryLeaseProvider(clock=clock)
+    started, cancelled = anyio.Event(), anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for _ in run:
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                cancelled.set()
+
+    with capture_logs() as logs:
+        async with InMemoryPubSub() as pubsub, SignalRuntime(
+            pubsub=pubsub, agent=agent, leases=leases, lease_ttl_ms=300,
+            recover_interval_ms=60_000,
+        ) as runtime:
+            await runtime.send("t", "x")
+            with anyio.fail_after(5):
+                await started.wait()
+            clock.advance(10)  # the server-side lease expired (a stalled process, say)
+            with anyio.fail_after(5):
+                await cancelled.wait()
+                await runtime.wait_idle()
+            assert await runtime.inbox.inbox_pending_count("t") == 1
+    lost = [e for e in logs if e["event"] == "lease.lost"]
+    assert lost and lost[0]["reason"] == "renew rejected"
+    assert any(e["event"] == "run.cancelled" for e in logs)
+
+
+async def test_run_info_and_next_signal_timeout() -> None:
+    got: list[Any] = []
+    waiting = anyio.Event()
+    infos: list[Any] = []
+
+    async def agent(run: Run) -> None:
+        first = await run.next_signal()
+        got.append(first.payload if first else None)
+        infos.append(runtime.active_run(run.thread_key))
+        waiting.set()
+        follow_up = await run.next_signal(timeout=10)  # woken by the doorbell, not the timeout
+        got.append(follow_up.payload if follow_up else None)
+        got.append(await run.next_signal(timeout=0.01))
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent, leases=InMemoryLeaseProvider()
+    ) as runtime:
+        assert runtime.active_run("t") is None
+        wake = await runtime.send("t", "first")
+        with anyio.fail_after(5):
+            await waiting.wait()
+        assert runtime.active_threads() == ["t"]
+        assert (await runtime.send("t", "second")).outcome == "deliver"
+        await runtime.wait_idle("t")
+        assert runtime.active_run("t") is None
+    assert got == ["first", "second", None]
+    [info] = infos
+    assert isinstance(info, RunInfo)
+    assert info.run_id == wake.run_id and info.thread_key == "t" and info.runs == 1
+    assert isinstance(info.token, int)
+
+
+async def test_agent_that_never_reads_still_consumes_the_wake_signal() -> None:
+    runs: list[str] = []
+
+    async def agent(run: Run) -> None:
+        runs.append(run.run_id)
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(pubsub=pubsub, agent=agent) as runtime:
+        await runtime.send("t", "ignored")
+        await runtime.wait_idle()
+        assert await runtime.inbox.inbox_pending_count("t") == 0
+    assert len(runs) == 1
+
+
+async def test_queue_is_a_barrier_for_later_deliveries() -> None:
+    seen: list[tuple[str, Any]] = []
+    gate = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            seen.append((run.run_id, signal.payload))
+            await gate.wait()
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent, leases=InMemoryLeaseProvider()
+    ) as runtime:
+        await runtime.send("t", "a")
+        assert (await runtime.send("t", "q", if_active="queue")).outcome == "queued"
+        assert (await runtime.send("t", "b")).outcome == "deliver"
+        gate.set()
+        await runtime.wait_idle()
+    assert [p for _, p in seen] == ["a", "q", "b"]
+    assert seen[0][0] != seen[1][0] == seen[2][0]  # "q" opened a run, "b" joined it
+
+
+async def test_leaving_the_runtime_waits_for_active_runs() -> None:
+    done: list[Any] = []
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            await anyio.sleep(0.05)
+            done.append(signal.payload)
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(pubsub=pubsub, agent=agent) as runtime:
+        await runtime.send("t", "x")
+    assert done == ["x"]
+    with pytest.raises(RuntimeClosedError):
+        await runtime.send("t", "y")
+
+
+async def test_cancelling_the_runtime_keeps_the_in_flight_signal() -> None:
+    inbox = InMemorySignalInbox()
+    started = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for _ in run:
+            started.set()
+            await anyio.sleep_forever()
+
+    async with InMemoryPubSub() as pubsub:
+        with anyio.move_on_after(5) as scope:
+            async with SignalRuntime(pubsub=pubsub, agent=agent, inbox=inbox) as runtime:
+                await runtime.send("t", "x")
+                await started.wait()
+                scope.cancel()
+        assert not scope.cancelled_caught or scope.cancel_called
+    assert await inbox.inbox_pending_count("t") == 1
+
+
+async def test_recovery_loop_runs_orphaned_signals_by_itself() -> None:
+    inbox = InMemorySignalInbox()
+    await inbox.inbox_append("orphan", Signal("left behind"), "deliver")
+    seen: list[Any] = []
+    ran = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            seen.append(signal.payload)
+        ran.set()
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent, inbox=inbox,
+        leases=InMemoryLeaseProvider(), recover_interval_ms=20,
+    ) as runtime:
+        with anyio.fail_after(5):
+            await ran.wait()  # nobody called recover(): the loop did
+        await runtime.wait_idle()
+    assert seen == ["left behind"]
+
+
+class InboxPubSub(InMemoryPubSub):
+    """A pub/sub that is also the inbox (the five ``inbox_*`` methods)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._inbox = InMemorySignalInbox()
+        self.inbox_append = self._inbox.inbox_append
+        self.inbox_read = self._inbox.inbox_read
+        self.inbox_remove = self._inbox.inbox_remove
+        self.inbox_pending_count = self._inbox.inbox_pending_count
+        self.inbox_pending_threads = self._inbox.inbox_pending_threads
+
+
+async def test_inbox_resolution() -> None:
+    async def agent(run: Run) -> None:
+        return None
+
+    both = InboxPubSub()
+    assert SignalRuntime(pubsub=both, agent=agent).inbox is both
+    plain = SignalRuntime(pubsub=InMemoryPubSub(), agent=agent)
+    assert isinstance(plain.inbox, InMemorySignalInbox)
+    assert isinstance(plain.leases, NoopLeaseProvider)
+    explicit = InMemorySignalInbox()
+    assert SignalRuntime(
+        pubsub=InMemoryPubSub(), agent=agent, leases=RecordingLeases(), inbox=explicit
+    ).inbox is explicit

@@ -1,0 +1,160 @@
+"""InMemoryPubSub specifics (the shared semantics are in test_pubsub_conformance.py).
+
+Runs on asyncio and trio (anyio's default parametrisation).
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from pubsub import Event, EventHandler, InMemoryPubSub, PubSub, PubSubClosedError
+from pubsub.testing import Recorder
+
+pytestmark = pytest.mark.anyio
+
+
+async def _until(predicate: object) -> None:
+    with anyio.fail_after(5):
+        while not predicate():  # type: ignore[operator]  # noqa: ASYNC110
+            await anyio.sleep(0.001)
+
+
+def test_constructor_validates() -> None:
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_delivery_attempts"):
+            InMemoryPubSub(max_delivery_attempts=bad)
+    with pytest.raises(TypeError):
+        InMemoryPubSub(max_delivery_attempts=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="retain"):
+        InMemoryPubSub(retain=-1)
+    assert isinstance(InMemoryPubSub(), PubSub)
+
+
+async def test_use_before_entering_is_refused_clearly() -> None:
+    ps = InMemoryPubSub()
+    with pytest.raises(PubSubClosedError, match="async with"):
+        await ps.publish("t", Event("e"))
+    with pytest.raises(PubSubClosedError, match="async with"):
+        await ps.subscribe("t", Recorder())
+
+
+async def test_entered_once_and_closed_after_exit() -> None:
+    ps = InMemoryPubSub()
+    async with ps:
+        with pytest.raises(PubSubClosedError):
+            async with ps:
+                pass
+    with pytest.raises(PubSubClosedError, match="closed"):
+        await ps.publish("t", Event("e"))
+
+
+async def test_earliest_replays_only_the_last_retain_events() -> None:
+    got = Recorder()
+    async with InMemoryPubSub(retain=2) as ps:
+        for i in range(5):
+            await ps.publish("t", Event("e", i))
+        await ps.subscribe("t", got, start_from="earliest")
+        await ps.publish("t", Event("e", "live"))
+        await _until(lambda: "live" in got.data)
+    assert got.data == [3, 4, "live"]
+
+
+async def test_retain_zero_keeps_nothing() -> None:
+    got = Recorder()
+    async with InMemoryPubSub(retain=0) as ps:
+        await ps.publish("t", Event("e", "old"))
+        await ps.subscribe("t", got, start_from="earliest")
+        await ps.publish("t", Event("e", "new"))
+        await _until(lambda: "new" in got.data)
+    assert got.data == ["new"]
+
+
+async def test_group_keeps_events_while_it_has_no_member() -> None:
+    first, second = Recorder(), Recorder()
+    async with InMemoryPubSub() as ps:
+        sub = await ps.subscribe("t", first, group="g")
+        await sub.close()
+        await ps.publish("t", Event("e", "queued"))
+        await ps.subscribe("t", second, group="g")
+        await _until(lambda: second.data == ["queued"])
+    assert first.events == []
+
+
+async def test_group_members_share_the_load() -> None:
+    members = [Recorder() for _ in range(3)]
+    gate = anyio.Event()
+
+    def slow(recorder: Recorder) -> EventHandler:
+        async def handler(event: Event) -> None:
+            await recorder(event)
+            await gate.wait()
+
+        return handler
+
+    async with InMemoryPubSub() as ps:
+        for m in members:
+            await ps.subscribe("t", slow(m), group="g")
+        for i in range(3):
+            await ps.publish("t", Event("e", i))
+        await _until(lambda: all(m.events for m in members))
+        gate.set()
+    assert sorted(d for m in members for d in m.data) == [0, 1, 2]
+
+
+async def test_exit_waits_for_the_inflight_handler() -> None:
+    finished: list[str] = []
+    started = anyio.Event()
+
+    async def handler(event: Event) -> None:
+        started.set()
+        await anyio.sleep(0.01)
+        finished.append(event.data)
+
+    async with InMemoryPubSub() as ps:
+        await ps.subscribe("t", handler)
+        await ps.publish("t", Event("e", "x"))
+        await started.wait()
+    assert finished == ["x"]
+
+
+async def test_exit_on_error_cancels_handlers() -> None:
+    cancelled: list[bool] = []
+
+    async def handler(event: Event) -> None:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(True)
+            raise
+
+    with pytest.raises(RuntimeError, match="boom"):
+        async with InMemoryPubSub() as ps:
+            await ps.subscribe("t", handler)
+            await ps.publish("t", Event("e"))
+            await anyio.sleep(0.01)
+            raise RuntimeError("boom")
+    assert cancelled == [True]
+
+
+async def test_handler_errors_never_reach_the_caller() -> None:
+    async def handler(event: Event) -> None:
+        raise ValueError("always")
+
+    async with InMemoryPubSub(max_delivery_attempts=2) as ps:
+        await ps.subscribe("t", handler)
+        await ps.publish("t", Event("e"))
+        got = Recorder()
+        await ps.subscribe("t", got)
+        await ps.publish("t", Event("e", "after"))
+        await _until(lambda: got.data == ["after"])
+
+
+async def test_subscribe_validates() -> None:
+    async with InMemoryPubSub() as ps:
+        with pytest.raises(ValueError, match="group"):
+            await ps.subscribe("t", Recorder(), group="")
+        with pytest.raises(ValueError, match="start_from"):
+            await ps.subscribe("t", Recorder(), start_from="middle")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="handler"):
+            await ps.subscribe("t", "not callable")  # type: ignore[arg-type]
