@@ -13,14 +13,15 @@ Latency: one event in flight at a time (publish, wait for the handler). Throughp
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+import anyio
 import redis.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,23 +37,25 @@ def _pct(values: list[float], q: float) -> float:
 
 async def ours(url: str, events: int) -> tuple[list[float], float]:
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    received = asyncio.Queue[float]()
+    send, received = anyio.create_memory_object_stream[float](max_buffer_size=events)
 
     async def handler(event: Event) -> None:
-        received.put_nowait(time.perf_counter())
+        send.send_nowait(time.perf_counter())
 
     async with RedisStreamsPubSub(url=url, key_prefix=prefix, block_ms=1000) as ps:
-        await ps.subscribe("t", handler, group="g")
+        sub = await ps.subscribe("t", handler, group="g")
         latencies = []
         for i in range(events):
             sent = time.perf_counter()
             await ps.publish("t", Event("e", i))
-            latencies.append(await received.get() - sent)
+            latencies.append(await received.receive() - sent)
         start = time.perf_counter()
         for i in range(events):
             await ps.publish("t", Event("e", i))
         for _ in range(events):
-            last = await received.get()
+            last = await received.receive()
+        await sub.close()
+        await ps.redis_client.delete(ps.stream_key("t"))
         return latencies, events / (last - start)
 
 
@@ -62,33 +65,33 @@ async def raw(url: str, events: int) -> tuple[list[float], float]:
     writer = redis.asyncio.Redis.from_url(url)
     reader = redis.asyncio.Redis.from_url(url)
     await writer.xgroup_create(stream, "g", id="$", mkstream=True)
-    received = asyncio.Queue[float]()
-    stop = asyncio.Event()
+    send, received = anyio.create_memory_object_stream[float](max_buffer_size=events)
 
     async def read() -> None:
-        while not stop.is_set():
-            reply = await reader.xreadgroup("g", "c", {stream: ">"}, count=64, block=100)
+        while True:
+            reply: Any = await reader.xreadgroup("g", "c", {stream: ">"}, count=64, block=1000)
             for _name, entries in reply or []:
                 for entry_id, _fields in entries:
                     await reader.xack(stream, "g", entry_id)
-                    received.put_nowait(time.perf_counter())
+                    send.send_nowait(time.perf_counter())
 
-    task = asyncio.ensure_future(read())  # the bench owns it and stops it below
     try:
-        latencies = []
-        for i in range(events):
-            sent = time.perf_counter()
-            await writer.xadd(stream, {"event": str(i)}, maxlen=10_000, approximate=True)
-            latencies.append(await received.get() - sent)
-        start = time.perf_counter()
-        for i in range(events):
-            await writer.xadd(stream, {"event": str(i)}, maxlen=10_000, approximate=True)
-        for _ in range(events):
-            last = await received.get()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            latencies = []
+            for i in range(events):
+                sent = time.perf_counter()
+                await writer.xadd(stream, {"event": str(i)}, maxlen=10_000, approximate=True)
+                latencies.append(await received.receive() - sent)
+            start = time.perf_counter()
+            for i in range(events):
+                await writer.xadd(stream, {"event": str(i)}, maxlen=10_000, approximate=True)
+            for _ in range(events):
+                last = await received.receive()
+            tg.cancel_scope.cancel()
         return latencies, events / (last - start)
     finally:
-        stop.set()
-        await task
+        await writer.delete(stream)
         await writer.aclose()
         await reader.aclose()
 
@@ -126,7 +129,7 @@ def main() -> None:
             if binary is None:
                 sys.exit("redis-server is not installed; pass --redis-url")
             url = stack.enter_context(RedisServer(binary)).url
-        asyncio.run(run(url, args.rounds, args.events))
+        anyio.run(run, url, args.rounds, args.events)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A long-running agent that receives signals: the main example.
 
     python examples/agent.py                      # in memory, one process, no setup
+    python examples/agent.py --trio               # the same on trio
     python examples/agent.py --redis-url URL      # the same on Redis (RedisStreamsPubSub)
 
 It prints a transcript of one conversation thread:
@@ -222,12 +223,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=None, help="run on RedisStreamsPubSub at this URL")
     parser.add_argument("--logs", action="store_true", help="also show the library's info logs")
+    parser.add_argument(
+        "--trio", action="store_true", help="run on trio (in memory only: redis-py is asyncio-only)"
+    )
     args = parser.parse_args(argv)
+    if args.trio and args.redis_url:
+        parser.error("--trio works with the in-memory backends only")
     # An application decides how structlog renders (the library never configures it): here,
     # warnings only unless --logs, so the transcript stays readable.
     level = logging.INFO if args.logs else logging.WARNING
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
-    anyio.run(main_async, args.redis_url, backend="asyncio")
+    anyio.run(main_async, args.redis_url, backend="trio" if args.trio else "asyncio")
 
 
 if __name__ == "__main__":

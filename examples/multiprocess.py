@@ -18,7 +18,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,12 @@ def processed_key(prefix: str) -> str:
     return f"{prefix}:example:processed"
 
 
-async def child(redis_url: str, prefix: str, index: int, start_at: float) -> None:
-    """One process: send one signal at ``start_at``, run the agent if this process wins."""
+def start_key(prefix: str) -> str:
+    return f"{prefix}:example:start"
+
+
+async def child(redis_url: str, prefix: str, index: int) -> None:
+    """One process: when the parent says go, send one signal; run the agent if this one wins."""
     import redis.asyncio
 
     from pubsub import RedisStreamsPubSub
@@ -55,7 +58,9 @@ async def child(redis_url: str, prefix: str, index: int, start_at: float) -> Non
         async with RedisStreamsPubSub(url=redis_url, key_prefix=prefix) as pubsub, SignalRuntime(
             pubsub=pubsub, agent=agent, lease_ttl_ms=5_000, idle_wait_ms=2_000
         ) as runtime:
-            await anyio.sleep(max(0.0, start_at - time.time()))
+            print(json.dumps({"ready": index}), flush=True)
+            while not await recorder.exists(start_key(prefix)):  # noqa: ASYNC110
+                await anyio.sleep(0.002)  # every process waits at the same start line
             signal = Signal({"sender": f"process-{index}"}, id=f"signal-from-{index}")
             delivery = await runtime.send(THREAD, signal)
             print(json.dumps({"index": index, "pid": os.getpid(), "outcome": delivery.outcome,
@@ -69,17 +74,24 @@ def run_parent(redis_url: str, processes: int) -> int:
     import redis
 
     prefix = f"example-mp-{uuid.uuid4().hex[:8]}"
-    start_at = time.time() + 2.0 + 0.1 * processes  # every child has imported and connected
     print(f"== {processes} processes send one signal each to thread {THREAD!r} at once ==")
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--child", str(i), "--redis-url", redis_url,
-             "--key-prefix", prefix, "--start-at", repr(start_at)],
+             "--key-prefix", prefix],
             stdout=subprocess.PIPE,
             text=True,
         )
         for i in range(processes)
     ]
+    for p in procs:  # wait until every child is connected and at the start line
+        assert p.stdout is not None
+        while not (line := p.stdout.readline()).startswith('{"ready"'):
+            if not line:
+                print("error: a process exited before it was ready", file=sys.stderr)
+                return 1
+    with redis.Redis.from_url(redis_url) as client:
+        client.set(start_key(prefix), 1)
     results: list[dict[str, Any]] = []
     failed = 0
     for p in procs:
@@ -128,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--key-prefix", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     # Applications configure structlog (the library never does): warnings only, on stderr, so
     # the children's stdout carries just their JSON reports.
@@ -137,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
     if args.child is not None:
-        anyio.run(child, args.redis_url, args.key_prefix, args.child, args.start_at)
+        anyio.run(child, args.redis_url, args.key_prefix, args.child)
         return 0
     if args.processes < 1:
         parser.error("--processes must be >= 1")

@@ -711,7 +711,9 @@ class RedisStreamsPubSub(PubSub):
                         await self._ack(slot, to_ack)
                 backoff = 0.1
             except redis.exceptions.ResponseError as exc:
-                if "NOGROUP" in str(exc):  # the stream expired or Redis lost it: start over
+                # NOGROUP: the stream expired or Redis lost it; UNBLOCKED: it was deleted (or
+                # expired) while the read was blocked on it. Either way: recreate and go on.
+                if "NOGROUP" in str(exc) or "UNBLOCKED" in str(exc):
                     for slots in by_group.values():
                         for slot in slots:
                             await self._recreate(slot)

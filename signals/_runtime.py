@@ -43,6 +43,8 @@ logger: FilteringBoundLogger = structlog.get_logger("signals")
 _IF_ACTIVE = ("deliver", "queue", "discard", "reject")
 _IF_IDLE = ("wake", "discard")
 DOORBELL_EVENT = "signal.enqueued"
+#: How many pending threads one recovery pass looks at (the longest-waiting first).
+RECOVER_SCAN_LIMIT = 1000
 
 
 def resolve_signal_inbox(pubsub: object, leases: LeaseProvider) -> SignalInbox:
@@ -285,6 +287,7 @@ class SignalRuntime:
                 log.info("signal.woke", owner=run_id, run_id=run_id, token=result.token,
                          duplicate=not fresh)
                 return Delivery("wake", signal.id, thread_key, run_id=run_id, owner=run_id)
+        self._forget_lock(thread_key)  # a sender-only process keeps no lock per remote thread
         await self._publish_doorbell(thread_key, signal)
         log.debug("signal.enqueued", owner=result.owner, mode=mode, duplicate=not fresh,
                   local=False)
@@ -301,6 +304,9 @@ class SignalRuntime:
         return lock
 
     def _forget_lock(self, thread_key: str) -> None:
+        """Drop the thread's lock when no local chain, holder or waiter needs it."""
+        if thread_key in self._chains:
+            return
         lock = self._locks.get(thread_key)
         if lock is not None and not lock.locked() and lock.statistics().tasks_waiting == 0:
             del self._locks[thread_key]
@@ -368,8 +374,7 @@ class SignalRuntime:
                         await sub.close()
                     except Exception as exc:
                         log.debug("signals.doorbell_close_failed", error=repr(exc))
-            if thread_key not in self._chains:
-                self._forget_lock(thread_key)
+            self._forget_lock(thread_key)
 
     async def _chain_loop(self, chain: _Chain, log: FilteringBoundLogger) -> None:
         thread_key = chain.thread_key
@@ -473,19 +478,21 @@ class SignalRuntime:
         """
         self._require_open()
         woken: list[str] = []
-        for thread_key in await self.inbox.inbox_pending_threads():
+        for thread_key in await self.inbox.inbox_pending_threads(RECOVER_SCAN_LIMIT):
             if thread_key in self._chains:
                 continue
             async with self._lock(thread_key):
                 if thread_key in self._chains:
                     continue
-                if await self.leases.get_lease_owner(thread_key) is not None:
-                    continue
-                run_id = self._new_run_id()
-                result = await self.leases.acquire_lease(thread_key, run_id, self.lease_ttl_ms)
-                if result.acquired:
-                    self._log.info("signals.recovered", key=thread_key, owner=run_id,
-                                   run_id=run_id, token=result.token)
-                    await self._start_chain(thread_key, run_id)
-                    woken.append(thread_key)
+                if await self.leases.get_lease_owner(thread_key) is None:
+                    run_id = self._new_run_id()
+                    result = await self.leases.acquire_lease(
+                        thread_key, run_id, self.lease_ttl_ms
+                    )
+                    if result.acquired:
+                        self._log.info("signals.recovered", key=thread_key, owner=run_id,
+                                       run_id=run_id, token=result.token)
+                        await self._start_chain(thread_key, run_id)
+                        woken.append(thread_key)
+            self._forget_lock(thread_key)
         return woken

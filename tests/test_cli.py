@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
 import pytest
 
 from leases import RedisLeaseProvider
-from signals import EntryMode, RedisSignalInbox, Signal
+from pubsub import RedisStreamsPubSub
+from signals import EntryMode, RedisSignalInbox, Run, Signal, SignalRuntime
 from signals._cli import Prefixes, _redact, main
 from tests._redis_server import free_port
 
@@ -85,6 +87,49 @@ async def test_inspect_shows_lease_and_queued_signals(
     assert [s["id"] for s in report["signals"]] == ["sig-0", "sig-1"]
     assert [s["mode"] for s in report["signals"]] == ["deliver", "deliver"]
     assert {"entry_id", "type", "created_at"} <= set(report["signals"][0])
+
+
+async def test_inspect_matches_a_live_runtime_on_redis_streams_pubsub(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The CLI's default key layout is the one SignalRuntime uses on RedisStreamsPubSub."""
+    release = anyio.Event()
+    started = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for _ in run:
+            started.set()
+            await release.wait()
+
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent
+    ) as runtime:
+        woke = await runtime.send("live", Signal("first", id="first"))
+        assert woke.outcome == "wake"
+        await started.wait()
+        for i in range(2):
+            queued = await runtime.send("live", Signal(i, id=f"next-{i}"), if_active="queue")
+            assert queued.outcome == "queued"
+        info = runtime.active_run("live")
+        assert info is not None
+        result = await anyio.to_thread.run_sync(
+            lambda: cli("inspect", "live", "--redis-url", redis_url, "--key-prefix", key_prefix,
+                        "--json")
+        )
+        threads = await anyio.to_thread.run_sync(
+            lambda: cli("threads", "--redis-url", redis_url, "--key-prefix", key_prefix, "--json")
+        )
+        release.set()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["lease"]["owner"] == woke.run_id == info.run_id
+    assert report["lease"]["token"] == info.token
+    assert report["pending_count"] == 3  # the in-flight signal stays until it is committed
+    assert [s["id"] for s in report["signals"]] == ["first", "next-0", "next-1"]
+    assert [s["mode"] for s in report["signals"]] == ["deliver", "queue", "queue"]
+    assert json.loads(threads.stdout) == [
+        {"thread_key": "live", "pending_count": 3, "owner": woke.run_id}
+    ]
 
 
 async def test_inspect_free_thread(redis_url: str, key_prefix: str) -> None:

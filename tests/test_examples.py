@@ -57,6 +57,12 @@ def test_agent_in_memory() -> None:
     assert tokens == sorted(tokens) and tokens[0] < tokens[-1], tokens
 
 
+def test_agent_in_memory_on_trio() -> None:
+    result = run_example("agent.py", "--trio")
+    assert result.returncode == 0, result.stderr
+    check_agent_transcript(result.stdout)
+
+
 @pytest.mark.redis
 def test_agent_on_redis(redis_url: str) -> None:
     result = run_example("agent.py", "--redis-url", redis_url)

@@ -1,22 +1,44 @@
-"""The pub/sub conformance suite against both built-in backends (Redis on asyncio only)."""
+"""The pub/sub conformance suite against both built-in backends (Redis on asyncio only).
+
+The Redis class needs ``pubsub.RedisStreamsPubSub``: locally it is skipped when the class is not
+importable; with ``CI=true`` a missing class fails instead.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from pubsub import InMemoryPubSub, RedisStreamsPubSub
+import pubsub
+from pubsub import InMemoryPubSub, PubSub
 from pubsub.testing import PubSubConformance
 
 pytestmark = pytest.mark.anyio
 
 
+def _redis_backend_class() -> Any:
+    cls = getattr(pubsub, "RedisStreamsPubSub", None)
+    if cls is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("pubsub.RedisStreamsPubSub is missing (CI=true: not skipping)")
+        pytest.skip("pubsub.RedisStreamsPubSub is not importable yet")
+    return cls
+
+
 class TestInMemoryPubSub(PubSubConformance):
     @pytest.fixture
     async def pubsub(self) -> AsyncIterator[InMemoryPubSub]:
-        async with InMemoryPubSub(max_delivery_attempts=3) as backend:
+        async with InMemoryPubSub(max_delivery_attempts=self.max_delivery_attempts) as backend:
             yield backend
+
+
+class TestInMemoryPubSubSmallCap(TestInMemoryPubSub):
+    """The cap is the user's to choose: the suite follows the class attribute."""
+
+    max_delivery_attempts = 2
 
 
 @pytest.mark.redis
@@ -26,8 +48,13 @@ class TestRedisStreamsPubSub(PubSubConformance):
         return "asyncio"
 
     @pytest.fixture
-    async def pubsub(self, redis_url: str, key_prefix: str) -> AsyncIterator[RedisStreamsPubSub]:
-        async with RedisStreamsPubSub(
-            url=redis_url, key_prefix=key_prefix, block_ms=100, max_delivery_attempts=3
-        ) as backend:
+    async def pubsub(self, redis_url: str, key_prefix: str) -> AsyncIterator[PubSub]:
+        backend_cls = _redis_backend_class()
+        backend: PubSub = backend_cls(
+            url=redis_url,
+            key_prefix=key_prefix,
+            max_delivery_attempts=self.max_delivery_attempts,
+            block_ms=100,
+        )
+        async with backend:
             yield backend

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import anyio
 import pytest
+import structlog.testing
 
-from pubsub import Event, EventHandler, InMemoryPubSub, PubSub, PubSubClosedError
+from pubsub import (
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    Event,
+    EventHandler,
+    InMemoryPubSub,
+    PubSub,
+    PubSubClosedError,
+)
 from pubsub.testing import Recorder
 
 pytestmark = pytest.mark.anyio
@@ -158,3 +166,74 @@ async def test_subscribe_validates() -> None:
             await ps.subscribe("t", Recorder(), start_from="middle")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="handler"):
             await ps.subscribe("t", "not callable")  # type: ignore[arg-type]
+
+
+def test_constructor_rejects_bad_types() -> None:
+    with pytest.raises(TypeError, match="max_delivery_attempts"):
+        InMemoryPubSub(max_delivery_attempts=True)
+    with pytest.raises(TypeError, match="max_delivery_attempts"):
+        InMemoryPubSub(max_delivery_attempts="5")  # type: ignore[arg-type]
+    for bad in (True, 1.5, "10"):
+        with pytest.raises(ValueError, match="retain"):
+            InMemoryPubSub(retain=bad)  # type: ignore[arg-type]
+    assert InMemoryPubSub().max_delivery_attempts == DEFAULT_MAX_DELIVERY_ATTEMPTS
+    assert InMemoryPubSub(max_delivery_attempts=1).max_delivery_attempts == 1
+
+
+async def test_use_after_close_is_refused() -> None:
+    async with InMemoryPubSub() as ps:
+        await ps.close()
+        with pytest.raises(PubSubClosedError, match="closed"):
+            await ps.publish("t", Event("e"))
+        with pytest.raises(PubSubClosedError, match="closed"):
+            await ps.subscribe("t", Recorder())
+
+
+async def test_retain_bounds_memory_per_topic() -> None:
+    got = Recorder()
+    async with InMemoryPubSub(retain=3) as ps:
+        for i in range(100):
+            await ps.publish("a", Event("e", i))
+        await ps.publish("b", Event("e", "b-only"))
+        await ps.subscribe("a", got, start_from="earliest")
+        await ps.subscribe("b", got, group="g", start_from="earliest")
+        await _until(lambda: len(got.events) >= 4)
+    assert sorted(map(str, got.data)) == ["97", "98", "99", "b-only"]
+
+
+@pytest.mark.parametrize("group", [None, "g"])
+async def test_event_dropped_is_logged(group: str | None) -> None:
+    got = Recorder(fail=lambda e: e.data == "poison")
+    with structlog.testing.capture_logs() as logs:
+        async with InMemoryPubSub(max_delivery_attempts=2) as ps:
+            await ps.subscribe("t", got, group=group)
+            poison = Event("e", "poison")
+            await ps.publish("t", poison)
+            await ps.publish("t", Event("e", "ok"))
+            await _until(lambda: "ok" in got.data)
+    assert [e.delivery_attempt for e in got.events] == [1, 2, 1]
+    failed = [entry for entry in logs if entry["event"] == "pubsub.handler_failed"]
+    dropped = [entry for entry in logs if entry["event"] == "pubsub.event_dropped"]
+    assert len(failed) == 1
+    assert failed[0]["attempt"] == 1
+    assert dropped == [
+        {
+            "event": "pubsub.event_dropped",
+            "log_level": "warning",
+            "topic": "t",
+            "group": group,
+            "event_id": poison.id,
+            "attempts": 2,
+            "error": "RuntimeError(\"handler failure on 'poison' #2\")",
+        }
+    ]
+
+
+async def test_nothing_dropped_when_handlers_succeed() -> None:
+    got = Recorder()
+    with structlog.testing.capture_logs() as logs:
+        async with InMemoryPubSub() as ps:
+            await ps.subscribe("t", got)
+            await ps.publish("t", Event("e", 1))
+            await _until(lambda: got.data == [1])
+    assert [entry for entry in logs if entry["log_level"] == "warning"] == []

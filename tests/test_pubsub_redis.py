@@ -307,7 +307,7 @@ async def test_the_redis_delivery_count_carries_the_cap(
 
             async def settled() -> bool:
                 info: Any = await raw.xpending(stream, "g")
-                return info["pending"] == 0
+                return bool(info["pending"] == 0)
 
             await _wait_for(settled)
     dropped = [e for e in logs if e["event"] == "pubsub.event_dropped"]
@@ -353,7 +353,7 @@ async def test_malformed_entries_are_skipped_and_acked(
 
         async def settled() -> bool:
             info: Any = await raw.xpending(ps.stream_key("t"), "g")
-            return info["pending"] == 0
+            return bool(info["pending"] == 0)
 
         await _wait_for(settled)
     assert got.data == ["fine"]

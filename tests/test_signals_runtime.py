@@ -560,3 +560,31 @@ async def test_inbox_resolution() -> None:
     assert SignalRuntime(
         pubsub=InMemoryPubSub(), agent=agent, leases=RecordingLeases(), inbox=explicit
     ).inbox is explicit
+
+
+async def test_a_sender_only_runtime_keeps_no_per_thread_state() -> None:
+    """Routing to threads another runtime owns leaves no lock behind (no leak per thread)."""
+    leases, inbox = InMemoryLeaseProvider(), InMemorySignalInbox()
+    seen: list[tuple[str, Any]] = []
+
+    async def idle_agent(run: Run) -> None:
+        return None
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=recording_agent(seen), leases=leases, inbox=inbox,
+        idle_wait_ms=300,
+    ) as owner, SignalRuntime(
+        pubsub=pubsub, agent=idle_agent, leases=leases, inbox=inbox
+    ) as sender:
+        for n in range(5):
+            assert (await owner.send(f"t{n}", "wake")).outcome == "wake"
+        for n in range(5):
+            delivery = await sender.send(f"t{n}", "follow-up")
+            assert delivery.outcome == "deliver"
+            assert delivery.owner == owner.active_run(f"t{n}").run_id  # type: ignore[union-attr]
+        assert sender._locks == {} and sender.active_threads() == []
+        await owner.wait_idle()
+        assert await sender.recover() == []
+        assert sender._locks == {}
+    assert owner._locks == {}  # each chain dropped its lock on the way out
+    assert sorted(p for _, p in seen) == ["follow-up"] * 5 + ["wake"] * 5
