@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal as os_signal
 import subprocess
 import sys
@@ -134,9 +133,9 @@ def part1(redis_url: str, prefix: str, n: int) -> bool:
     outcome, working = _read_sent_and_working(winner)
     print(f"invocation-0: send -> {outcome}")
     print(f"invocation-0: working on {working} (a long task)")
-    others = [_spawn(redis_url, prefix, thread, i, work_s=0.05) for i in range(1, n)]
-    for i, p in enumerate(others, start=1):
-        print(f"invocation-{i}: send -> {_outcome(_events(p))} (exited right after send)")
+    for i in range(1, n):  # one after another: each exits right after its send()
+        outcome = _outcome(_events(_spawn(redis_url, prefix, thread, i, work_s=0.05)))
+        print(f"invocation-{i}: send -> {outcome} (exited right after send)")
     import redis
 
     with redis.Redis.from_url(redis_url) as client:
@@ -159,9 +158,8 @@ def part2(redis_url: str, prefix: str, n: int) -> bool:
     outcome, working = _read_sent_and_working(winner)
     print(f"invocation-0: send -> {outcome}")
     print(f"invocation-0: working on {working} (it will be killed)")
-    middle = [_spawn(redis_url, prefix, thread, i, work_s=0.05) for i in range(1, n - 1)]
-    for i, p in enumerate(middle, start=1):
-        outcome = _outcome(_events(p))
+    for i in range(1, n - 1):
+        outcome = _outcome(_events(_spawn(redis_url, prefix, thread, i, work_s=0.05)))
         print(f"invocation-{i}: send -> {outcome} (invocation-0 holds the lease)")
     winner.send_signal(os_signal.SIGKILL)
     _events(winner)
@@ -220,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     with local_redis() as url:
-        print(f"(started a local redis-server at {url}; pid {os.getpid()})")
+        print(f"(started a local redis-server at {url})")
         return run(url)
 
 
