@@ -20,6 +20,7 @@ __all__ = [
     "StartFrom",
     "Subscription",
     "check_json",
+    "check_subscribe_args",
     "check_topic",
 ]
 
@@ -38,6 +39,17 @@ def check_topic(topic: object) -> str:
     if not topic:
         raise ValueError("topic must be a non-empty string")
     return topic
+
+
+def check_subscribe_args(topic: object, handler: object, group: object, start_from: object) -> None:
+    """Validate the arguments of :meth:`PubSub.subscribe` (shared by every backend)."""
+    check_topic(topic)
+    if not callable(handler):
+        raise TypeError("handler must be an async callable taking an Event")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ValueError("group must be a non-empty string or None")
+    if start_from not in ("latest", "earliest"):
+        raise ValueError(f"start_from must be 'latest' or 'earliest', got {start_from!r}")
 
 
 def check_json(data: object, what: str = "event data") -> str:

@@ -19,6 +19,7 @@ from ._contract import (
     StartFrom,
     Subscription,
     check_json,
+    check_subscribe_args,
     check_topic,
 )
 from ._delivery import EventQueue, check_max_attempts, deliver_with_retries
@@ -155,13 +156,7 @@ class InMemoryPubSub(PubSub):
         group: str | None = None,
         start_from: StartFrom = "latest",
     ) -> Subscription:
-        check_topic(topic)
-        if not callable(handler):
-            raise TypeError("handler must be an async callable taking an Event")
-        if group is not None and (not isinstance(group, str) or not group):
-            raise ValueError("group must be a non-empty string or None")
-        if start_from not in ("latest", "earliest"):
-            raise ValueError(f"start_from must be 'latest' or 'earliest', got {start_from!r}")
+        check_subscribe_args(topic, handler, group, start_from)
         tg = self._require_open()
         state = self._topic(topic)
         if group is None:

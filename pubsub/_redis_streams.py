@@ -44,6 +44,7 @@ from ._contract import (
     StartFrom,
     Subscription,
     check_json,
+    check_subscribe_args,
     check_topic,
 )
 from ._delivery import EventQueue, check_max_attempts, deliver_with_retries
@@ -343,15 +344,9 @@ class RedisStreamsPubSub(PubSub):
         group: str | None = None,
         start_from: StartFrom = "latest",
     ) -> Subscription:
-        check_topic(topic)
-        if not callable(handler):
-            raise TypeError("handler must be an async callable taking an Event")
-        if group is not None and (not isinstance(group, str) or not group):
-            raise ValueError("group must be a non-empty string or None")
+        check_subscribe_args(topic, handler, group, start_from)
         if group is not None and group.startswith(_FANOUT + ":"):
             raise ValueError(f"group names starting with {_FANOUT!r}: are reserved")
-        if start_from not in ("latest", "earliest"):
-            raise ValueError(f"start_from must be 'latest' or 'earliest', got {start_from!r}")
         tg = self._require_open()
         slot, fresh = await self._slot(topic, group, start_from)
         sub = _RedisSubscription(self, slot, handler)

@@ -205,8 +205,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m signals``."""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     parser = _Parser(
-        prog="python -m signals",
+        prog=script if script.startswith("signals-") else "python -m signals",
         description="Inspect signal-runtime threads on Redis: lease owner and queued signals.",
     )
     common = _Parser(add_help=False)

@@ -193,3 +193,16 @@ def test_redact_hides_the_password() -> None:
 def test_console_script_is_declared() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'signals-inspect = "signals._cli:main"' in pyproject
+
+
+def test_console_script_runs() -> None:
+    script = Path(sys.executable).parent / "signals-inspect"
+    if not script.exists():
+        pytest.skip("the package is not installed with its console script")
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = subprocess.run(
+        [str(script), "threads", "--redis-url", url], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "cannot reach Redis" in result.stderr, result
+    usage = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: signals-inspect"), usage

@@ -102,9 +102,17 @@ def test_serverless(redis_url: str) -> None:
     assert "invocation-0: send -> wake" in part1
     assert len(re.findall(r"send -> deliver \(exited right after send\)", part1)) == 2, out
     assert "sent 3, processed 3, lost 0: OK" in part1, out
+    # invocations run one after another, so the inbox (and the run) order is the send order
+    assert re.findall(r"processed (thread-a-signal-\d) by invocation-0", part1) == [
+        f"thread-a-signal-{i}" for i in range(3)
+    ], out
     assert "invocation-0: send -> wake" in part2
     assert "SIGKILL" in part2
     assert "invocation-1: send -> deliver (invocation-0 holds the lease)" in part2, out
     assert re.search(r"invocation-2: send -> wake, ran and exited", part2), out
     assert "lost 0: OK" in part2, out
+    # the killed run's signal (never committed) is processed again by the next owner, first
+    assert re.findall(r"processed (thread-b-signal-\d) by invocation-2", part2) == [
+        f"thread-b-signal-{i}" for i in range(3)
+    ], out
     assert "OK: no signal lost" in out
