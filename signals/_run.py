@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,9 @@ __all__ = ["Doorbell", "Run", "RunInfo"]
 
 #: How long a run waiting for follow-ups sleeps between inbox reads when no doorbell rings.
 POLL_INTERVAL_S = 0.25
+
+#: How many inbox entries a run reads ahead at once.
+READ_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,7 @@ class Run:
         self._inflight: str | None = first.entry_id
         self._seen: set[str] = {first.signal.id}
         self._stopped = False
+        self._buffer: deque[InboxEntry] = deque()
         self.consumed = 0
 
     @property
@@ -117,7 +122,14 @@ class Run:
         wait_s = self._idle_wait_s if timeout is None else max(0.0, timeout)
         deadline = anyio.current_time() + wait_s
         while True:
-            for entry in await self._inbox.inbox_read(self.thread_key, after=self._cursor):
+            if not self._buffer:  # read ahead in batches; only this run consumes the inbox
+                self._buffer.extend(
+                    await self._inbox.inbox_read(
+                        self.thread_key, after=self._cursor, limit=READ_BATCH
+                    )
+                )
+            while self._buffer:
+                entry = self._buffer.popleft()
                 if entry.signal.id in self._seen:
                     self._cursor = entry.entry_id
                     await self._inbox.inbox_remove(self.thread_key, [entry.entry_id])
