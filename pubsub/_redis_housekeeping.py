@@ -37,7 +37,7 @@ def fanout_owner(group: str) -> str | None:
     """The process id in a private fan-out group's name, or ``None`` for other groups."""
     if not group.startswith(FANOUT + ":"):
         return None
-    return group.split(":")[1]
+    return group[len(FANOUT) + 1 :] or None  # the whole rest: a process id may contain ":"
 
 
 async def sweep_stream(
@@ -70,7 +70,9 @@ async def sweep_stream(
             consumers: Any = await client.xinfo_consumers(stream, name)
             for consumer in consumers:
                 cname = text(consumer["name"])
-                if int(consumer["pending"]) or await is_alive(cname.rsplit(":", 1)[-1]):
+                if not cname.startswith(name + ":"):
+                    continue  # not named by this library: leave it alone
+                if int(consumer["pending"]) or await is_alive(cname[len(name) + 1 :]):
                     continue
                 await client.xgroup_delconsumer(stream, name, cname)
                 log.info(

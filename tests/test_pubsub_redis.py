@@ -372,8 +372,13 @@ async def test_dead_processes_fanout_groups_and_consumers_are_swept(
         await raw.xgroup_create(stream, "fanout:dead", id="$", mkstream=True)
         await raw.xgroup_create(stream, "fanout:alive", id="$")
         await raw.set(f"{key_prefix}:alive:alive", "1", px=60_000)
+        # A process id with ":" in it (consumer_name="host:1") is alive as a whole, not as "host".
+        await raw.xgroup_create(stream, "fanout:host:1", id="$")
+        await raw.set(f"{key_prefix}:alive:host:1", "1", px=60_000)
         await raw.xgroup_create(stream, "g", id="$")
         await raw.xgroup_createconsumer(stream, "g", "g:dead")
+        await raw.xgroup_createconsumer(stream, "g", "g:host:1")
+        await raw.xgroup_createconsumer(stream, "g", "someone-else")  # not ours: left alone
         await ps.subscribe("t", Recorder())
         await ps.subscribe("t", Recorder(), group="g")
 
@@ -384,7 +389,9 @@ async def test_dead_processes_fanout_groups_and_consumers_are_swept(
 
         await _wait_for(swept)
         names = {g["name"] for g in await raw.xinfo_groups(stream)}
-    assert {"fanout:alive", f"fanout:{ps.process_id}", "g"} <= names
+        consumers = {c["name"] for c in await raw.xinfo_consumers(stream, "g")}
+    assert {"fanout:alive", "fanout:host:1", f"fanout:{ps.process_id}", "g"} <= names
+    assert {"g:host:1", "someone-else"} <= consumers
 
 
 # -- the lease provider, errors ---------------------------------------------------------------
