@@ -10,12 +10,15 @@ import anyio
 import anyio.lowlevel
 import structlog
 
+from ._contract import Subscription
+
 if TYPE_CHECKING:
+    from anyio.abc import TaskStatus
     from structlog.typing import FilteringBoundLogger
 
     from ._contract import Event, EventHandler
 
-__all__ = ["EventQueue", "check_max_attempts", "deliver_with_retries"]
+__all__ = ["EventQueue", "LoopSubscription", "check_max_attempts", "deliver_with_retries"]
 
 logger: FilteringBoundLogger = structlog.get_logger("pubsub")
 
@@ -104,3 +107,62 @@ async def deliver_with_retries(
             await anyio.lowlevel.checkpoint()
         else:
             return True
+
+
+class LoopSubscription(Subscription):
+    """A subscription served by one task that handles one item at a time.
+
+    :meth:`close` lets the item in hand finish, then stops the task (a task waiting for the
+    next item is cancelled at once; a waiting :class:`EventQueue` loses nothing).
+    """
+
+    def __init__(self, topic: str, group: str | None) -> None:
+        self.topic = topic
+        self.group = group
+        self._scope: anyio.CancelScope | None = None
+        self._busy = False
+        self._closing = False
+        self._done = anyio.Event()
+
+    @property
+    def closing(self) -> bool:
+        """``close`` was called (or serving stopped): hand this subscription nothing more."""
+        return self._closing
+
+    def abandon(self) -> None:
+        """Mark a subscription whose serving task never started as closed."""
+        self._closing = True
+        self._done.set()
+
+    async def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            if not self._busy and self._scope is not None:
+                self._scope.cancel()
+        await self._done.wait()
+
+    async def serve(
+        self,
+        queue: EventQueue[T],
+        handle: Callable[[T], Awaitable[object]],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        cleanup: Callable[[], None] | None = None,
+    ) -> None:
+        """Handle the items of ``queue`` one at a time until closed; ``cleanup`` runs before
+        :meth:`close` returns."""
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                task_status.started()
+                while not self._closing:
+                    item = await queue.get()
+                    self._busy = True
+                    try:
+                        await handle(item)
+                    finally:
+                        self._busy = False
+        finally:
+            if cleanup is not None:
+                cleanup()
+            self._done.set()

@@ -22,10 +22,12 @@ from ._contract import (
     check_subscribe_args,
     check_topic,
 )
-from ._delivery import EventQueue, check_max_attempts, deliver_with_retries
+from ._delivery import EventQueue, LoopSubscription, check_max_attempts, deliver_with_retries
 from ._errors import PubSubClosedError
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from anyio.abc import TaskGroup, TaskStatus
     from structlog.typing import FilteringBoundLogger
 
@@ -47,22 +49,7 @@ class _Topic:
     groups: dict[str, _Group] = field(default_factory=dict)
 
 
-class _MemorySubscription(Subscription):
-    def __init__(self, owner: InMemoryPubSub, topic: str, group: str | None) -> None:
-        self.topic = topic
-        self.group = group
-        self._owner = owner
-        self._scope: anyio.CancelScope | None = None
-        self._busy = False
-        self._closing = False
-        self._done = anyio.Event()
-
-    async def close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            if not self._busy and self._scope is not None:
-                self._scope.cancel()
-        await self._done.wait()
+_MemorySubscription = LoopSubscription
 
 
 class InMemoryPubSub(PubSub):
@@ -174,7 +161,7 @@ class InMemoryPubSub(PubSub):
                         grp.queue.put(event)
             grp.members += 1
             queue = grp.queue
-        sub = _MemorySubscription(self, topic, group)
+        sub = _MemorySubscription(topic, group)
         self._subs.add(sub)
         await tg.start(self._serve, sub, queue, handler, state)
         return sub
@@ -188,25 +175,16 @@ class InMemoryPubSub(PubSub):
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        try:
-            with anyio.CancelScope() as scope:
-                sub._scope = scope
-                task_status.started()
-                while not sub._closing:
-                    event = await queue.get()
-                    sub._busy = True
-                    try:
-                        with anyio.CancelScope(shield=sub._closing):
-                            await deliver_with_retries(
-                                handler,
-                                event,
-                                max_attempts=self.max_delivery_attempts,
-                                topic=sub.topic,
-                                group=sub.group,
-                            )
-                    finally:
-                        sub._busy = False
-        finally:
+        def handle(event: Event) -> Awaitable[bool]:
+            return deliver_with_retries(
+                handler,
+                event,
+                max_attempts=self.max_delivery_attempts,
+                topic=sub.topic,
+                group=sub.group,
+            )
+
+        def cleanup() -> None:
             if sub.group is None:
                 if queue in state.fanout:
                     state.fanout.remove(queue)
@@ -215,4 +193,5 @@ class InMemoryPubSub(PubSub):
                 if grp is not None:
                     grp.members -= 1
             self._subs.discard(sub)
-            sub._done.set()
+
+        await sub.serve(queue, handle, task_status=task_status, cleanup=cleanup)

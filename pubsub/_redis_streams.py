@@ -47,7 +47,7 @@ from ._contract import (
     check_subscribe_args,
     check_topic,
 )
-from ._delivery import EventQueue, check_max_attempts, deliver_with_retries
+from ._delivery import EventQueue, LoopSubscription, check_max_attempts, deliver_with_retries
 from ._errors import BackendUnavailableError, PubSubClosedError
 from ._redis_housekeeping import FANOUT, alive_key, sweep_stream
 from ._redis_support import (
@@ -78,26 +78,17 @@ _Item: TypeAlias = tuple[str | None, Event]
 """A queued delivery: the stream entry id (``None`` for a replayed, never-acked copy), event."""
 
 
-class _RedisSubscription(Subscription):
+class _RedisSubscription(LoopSubscription):
     def __init__(self, owner: RedisStreamsPubSub, slot: _Slot, handler: EventHandler) -> None:
-        self.topic = slot.topic
-        self.group = None if slot.fanout else slot.group
+        super().__init__(slot.topic, None if slot.fanout else slot.group)
         self.handler = handler
         self.queue: EventQueue[_Item] = EventQueue()  # fan-out: each member gets its own copy
         self.after: tuple[int, int] | None = None  # fan-out: only entries with a greater id
         self._owner = owner
         self._slot = slot
-        self._scope: anyio.CancelScope | None = None
-        self._busy = False
-        self._closing = False
-        self._done = anyio.Event()
 
     async def close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            if not self._busy and self._scope is not None:
-                self._scope.cancel()
-        await self._done.wait()
+        await super().close()
         with anyio.CancelScope(shield=True):
             await self._owner._detach(self)
 
@@ -356,8 +347,7 @@ class RedisStreamsPubSub(PubSub):
                 await self._position(slot, sub, start_from)
             await tg.start(self._serve, sub)
         except BaseException:
-            sub._closing = True
-            sub._done.set()
+            sub.abandon()
             with anyio.CancelScope(shield=True):
                 await self._detach(sub)
             raise
@@ -527,19 +517,11 @@ class RedisStreamsPubSub(PubSub):
     ) -> None:
         slot = sub._slot
         queue = sub.queue if slot.fanout else slot.queue
-        try:
-            with anyio.CancelScope() as scope:
-                sub._scope = scope
-                task_status.started()
-                while not sub._closing:
-                    item = await queue.get()
-                    sub._busy = True
-                    try:
-                        await self._handle(slot, sub, item)
-                    finally:
-                        sub._busy = False
-        finally:
-            sub._done.set()
+
+        async def handle(item: _Item) -> None:
+            await self._handle(slot, sub, item)
+
+        await sub.serve(queue, handle, task_status=task_status)
 
     async def _handle(self, slot: _Slot, sub: _RedisSubscription, item: _Item) -> None:
         entry_id, event = item
@@ -632,7 +614,7 @@ class RedisStreamsPubSub(PubSub):
             members = [
                 m
                 for m in slot.members
-                if not m._closing and (m.after is None or sid > m.after)
+                if not m.closing and (m.after is None or sid > m.after)
             ]
             if not members:
                 return True
