@@ -1,21 +1,21 @@
 """A custom backend, written as a user would: pub/sub and leases in one small class.
 
 ``LogBackend`` keeps, per topic, an append-only list of events and, per consumer group, a
-cursor into it; leases live in a dict. It only uses the public API (``pubsub.PubSub``,
-``pubsub.Subscription``, ``pubsub.Event``, ``leases.AcquireResult``), passes both conformance
-suites (``tests/test_custom_backend.py`` runs them) and is detected structurally as a lease
-provider, so ``SignalRuntime(pubsub=LogBackend(), ...)`` takes its leases from it.
+cursor into it; leases live in a dict. It only uses the public API: it inherits
+``pubsub.PubSubBase``, which validates every ``publish``/``subscribe`` call, runs the
+``async with`` lifecycle (a task group for the delivery tasks, a graceful close) and offers
+``extension()``, so the class only stores events and delivers them. Its leases are the five
+``leases.LeaseProvider`` methods, detected structurally. It passes both conformance suites
+(``tests/test_custom_backend.py`` runs them), so ``SignalRuntime(pubsub=LogBackend(), ...)``
+takes its leases from it.
 
     python examples/custom_backend.py      # a tiny demo on asyncio
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Self
 
 import anyio
 import anyio.abc
@@ -23,8 +23,9 @@ import anyio.lowlevel
 import structlog
 
 import leases
+import pubsub
 from leases import AcquireResult
-from pubsub import Event, EventHandler, PubSub, PubSubClosedError, StartFrom, Subscription
+from pubsub import Event, EventHandler, PubSubBase, StartFrom
 
 log = structlog.get_logger("custom_backend")
 
@@ -57,7 +58,9 @@ class _Topic:
         self.changed = anyio.Event()
 
 
-class _LogSubscription(Subscription):
+class _LogSubscription:
+    """A ``pubsub.Subscription`` (structurally: ``topic``, ``group``, ``close``)."""
+
     def __init__(self, topic: str, group: str | None) -> None:
         self.topic, self.group = topic, group
         self.scope = anyio.CancelScope()
@@ -71,84 +74,33 @@ class _LogSubscription(Subscription):
         await self.done.wait()
 
 
-class LogBackend(PubSub):
+class LogBackend(PubSubBase):
     """In-process pub/sub over per-topic logs, plus leases with fencing tokens."""
 
     def __init__(
         self, *, max_delivery_attempts: int = 5, clock: Callable[[], float] | None = None
     ) -> None:
-        self.max_delivery_attempts = max_delivery_attempts
+        super().__init__(max_delivery_attempts=max_delivery_attempts)
         self._clock = clock or anyio.current_time
         self._topics: dict[str, _Topic] = {}
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._subs: set[_LogSubscription] = set()
-        self._closed = False
         self._leases: dict[str, tuple[str, float, int]] = {}  # key -> owner, expiry, token
         self._tokens: dict[str, int] = {}
 
-    # -- pub/sub ---------------------------------------------------------------------------
+    # -- pub/sub: the base class validated the arguments and checked that we are open --------
 
-    async def __aenter__(self) -> Self:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._closed = True
-        if self._tg is None:
-            return
-        try:
-            if et is None:
-                await self.close()  # a clean exit lets in-flight handlers finish
-        finally:
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)  # the body's own error propagates
-
-    async def close(self) -> None:
-        # Close the subscriptions, not the task group's scope: cancelling that scope would
-        # also cancel the code inside the caller's `async with` block.
-        self._closed = True
-        for sub in list(self._subs):
-            await sub.close()
-
-    def _open(self) -> anyio.abc.TaskGroup:
-        if self._closed or self._tg is None:
-            raise PubSubClosedError("LogBackend is not open")
-        return self._tg
-
-    async def publish(self, topic: str, event: Event) -> str:
-        _name(topic, "topic")
-        if not isinstance(event, Event):
-            raise TypeError("publish takes a pubsub.Event")
-        json.dumps(event.data)
-        self._open()
+    async def backend_publish(self, topic: str, event: Event, wire: str) -> None:
         self._topics.setdefault(topic, _Topic()).append(event)
         await anyio.lowlevel.checkpoint()
-        return event.id
 
-    async def subscribe(
-        self,
-        topic: str,
-        handler: EventHandler,
-        *,
-        group: str | None = None,
-        start_from: StartFrom = "latest",
-    ) -> Subscription:
-        _name(topic, "topic")
-        if group is not None:
-            _name(group, "group")
-        if start_from not in ("latest", "earliest"):
-            raise ValueError("start_from must be 'latest' or 'earliest'")
-        tg = self._open()
+    async def backend_subscribe(
+        self, topic: str, handler: EventHandler, *, group: str | None, start_from: StartFrom
+    ) -> _LogSubscription:
         state = self._topics.setdefault(topic, _Topic())
         start = 0 if start_from == "earliest" else len(state.log)
         if group is not None:
             state.cursors.setdefault(group, start)
         sub = _LogSubscription(topic, group)
-        self._subs.add(sub)
-        tg.start_soon(self._deliver, sub, state, handler, start)
+        await self.task_group.start(self._deliver, sub, state, handler, start)
         return sub
 
     def _next(self, sub: _LogSubscription, state: _Topic, mine: list[int]) -> Event | None:
@@ -164,11 +116,18 @@ class LogBackend(PubSub):
         return None
 
     async def _deliver(
-        self, sub: _LogSubscription, state: _Topic, handler: EventHandler, start: int
+        self,
+        sub: _LogSubscription,
+        state: _Topic,
+        handler: EventHandler,
+        start: int,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         mine = [start]
         try:
             with sub.scope:
+                task_status.started()
                 while not sub.closing:
                     event = self._next(sub, state, mine)
                     if event is None:
@@ -180,7 +139,6 @@ class LogBackend(PubSub):
                     finally:
                         sub.busy = False
         finally:
-            self._subs.discard(sub)
             sub.done.set()
 
     async def _handle(self, sub: _LogSubscription, handler: EventHandler, event: Event) -> None:
@@ -266,6 +224,7 @@ async def _demo() -> None:
             print(f"run {run.run_id[:12]} token={run.token}: {signal.payload}")
 
     backend = LogBackend()
+    print("is a pub/sub:", pubsub.is_pubsub(backend))
     print("is a lease provider:", leases.is_lease_provider(backend))
     # The backend is one process's memory, so the inbox is too (a shared backend would offer a
     # shared inbox: the runtime refuses shared leases with a process-local inbox).

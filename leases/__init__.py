@@ -1,18 +1,34 @@
 """Leases: exclusive, expiring, fenced ownership of string keys.
 
 The contract is :class:`LeaseProvider` (five async methods), detected structurally with
-:func:`is_lease_provider`. Backends: :class:`NoopLeaseProvider` (fallback),
-:class:`InMemoryLeaseProvider`, :class:`RedisLeaseProvider`. :class:`LeaseKeeper` holds one
-lease, renews it, and cancels the guarded work when the lease is lost.
+:func:`is_lease_provider`; optional capabilities are lease sessions
+(:class:`LeaseSessionProvider`) and batched renewal (:class:`BatchRenewer`). Backends:
+:class:`NoopLeaseProvider` (fallback), :class:`InMemoryLeaseProvider`,
+:class:`RedisLeaseProvider`. :class:`LeaseKeeper` holds one lease and cancels the guarded work
+when it is lost; :class:`LeaseHeartbeat` does the same for any number of leases of one process
+with one renewal per interval.
 """
 
-from ._contract import AcquireResult, LeaseProvider, is_lease_provider
+from ._contract import (
+    AcquireResult,
+    BatchRenewer,
+    LeaseProvider,
+    LeaseSessionProvider,
+    is_lease_provider,
+    supports_batch_renewal,
+    supports_lease_sessions,
+)
 from ._errors import (
+    BackendError,
+    BackendPermanentError,
     BackendUnavailableError,
+    ClosedError,
     LeaseError,
     LeaseNotAcquiredError,
+    SignalsError,
     UnsupportedBackendError,
 )
+from ._heartbeat import HeldLease, LeaseHeartbeat, safety_margin_ms
 from ._info import LeaseInfo
 from ._keeper import LeaseKeeper
 from ._memory import InMemoryLeaseProvider
@@ -21,16 +37,27 @@ from ._redis import RedisLeaseProvider
 
 __all__ = [
     "AcquireResult",
+    "BackendError",
+    "BackendPermanentError",
     "BackendUnavailableError",
+    "BatchRenewer",
+    "ClosedError",
+    "HeldLease",
     "InMemoryLeaseProvider",
     "LeaseError",
+    "LeaseHeartbeat",
     "LeaseInfo",
     "LeaseKeeper",
     "LeaseNotAcquiredError",
     "LeaseProvider",
+    "LeaseSessionProvider",
     "NoopLeaseProvider",
     "RedisLeaseProvider",
+    "SignalsError",
     "UnsupportedBackendError",
     "is_lease_provider",
     "resolve_lease_provider",
+    "safety_margin_ms",
+    "supports_batch_renewal",
+    "supports_lease_sessions",
 ]

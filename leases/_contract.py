@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
-__all__ = ["LEASE_METHODS", "AcquireResult", "LeaseProvider", "is_lease_provider"]
+__all__ = [
+    "LEASE_METHODS",
+    "AcquireResult",
+    "BatchRenewer",
+    "LeaseProvider",
+    "LeaseSessionProvider",
+    "is_lease_provider",
+    "supports_batch_renewal",
+    "supports_lease_sessions",
+]
 
 LEASE_METHODS: tuple[str, ...] = (
     "acquire_lease",
@@ -32,7 +42,6 @@ class AcquireResult:
     token: int | None = None
 
 
-@runtime_checkable
 class LeaseProvider(Protocol):
     """Exclusive, expiring ownership of string keys.
 
@@ -49,7 +58,7 @@ class LeaseProvider(Protocol):
     * Bad input (empty key or owner, ``ttl_ms`` not a positive ``int``) raises
       ``ValueError``/``TypeError``.
 
-    Do not test for this with ``isinstance`` in library code: use :func:`is_lease_provider`.
+    Detect it with :func:`is_lease_provider` (structural: no base class or registration).
     """
 
     async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult: ...
@@ -72,3 +81,52 @@ def is_lease_provider(obj: object) -> bool:
     heard of this package.
     """
     return all(callable(getattr(obj, name, None)) for name in LEASE_METHODS)
+
+
+class BatchRenewer(Protocol):
+    """Optional capability: renew many leases in one round trip.
+
+    ``renew_leases`` renews each ``(key, owner)`` pair as :meth:`LeaseProvider.renew_lease`
+    would and returns the keys still held (renewed). A provider without it is renewed one
+    lease at a time, with bounded concurrency.
+    """
+
+    async def renew_leases(self, items: Sequence[tuple[str, str]], ttl_ms: int) -> set[str]: ...
+
+
+class LeaseSessionProvider(LeaseProvider, Protocol):
+    """Optional capability: leases that live as long as a *session* (etcd's model).
+
+    A session is opened with a TTL and kept alive by :meth:`renew_lease_session`; every lease
+    acquired with ``session=`` lives exactly as long as its session, so one renewal keeps
+    any number of leases. When the session expires or is closed, all its leases are free at
+    once. ``open_lease_session`` returns ``None`` when the backend cannot offer sessions in its
+    current configuration (a Redis Cluster, say); the caller then renews leases per key.
+
+    ``acquire_lease`` and ``transfer_lease`` take ``session=`` (a transfer keeps the lease in
+    its session); ``acquire_lease`` under an expired session returns ``acquired=False`` with
+    ``owner=None``. Session ids come from the provider.
+    """
+
+    async def open_lease_session(self, ttl_ms: int) -> str | None: ...
+
+    async def renew_lease_session(self, session: str, ttl_ms: int) -> bool: ...
+
+    async def close_lease_session(self, session: str) -> None: ...
+
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, session: str | None = None
+    ) -> AcquireResult: ...
+
+
+def supports_batch_renewal(obj: object) -> bool:
+    """True when ``obj`` has a callable ``renew_leases`` (see :class:`BatchRenewer`)."""
+    return callable(getattr(obj, "renew_leases", None))
+
+
+def supports_lease_sessions(obj: object) -> bool:
+    """True when ``obj`` has the three session methods (see :class:`LeaseSessionProvider`)."""
+    return all(
+        callable(getattr(obj, name, None))
+        for name in ("open_lease_session", "renew_lease_session", "close_lease_session")
+    )

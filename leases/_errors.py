@@ -1,37 +1,25 @@
-"""The flat error set shared by the lease, pub/sub and signal layers."""
+"""The lease layer's part of the library's error tree (defined in ``_signal_leases.errors``)."""
 
 from __future__ import annotations
 
+from _signal_leases.errors import (
+    BackendError,
+    BackendPermanentError,
+    BackendUnavailableError,
+    ClosedError,
+    LeaseError,
+    LeaseNotAcquiredError,
+    SignalsError,
+    UnsupportedBackendError,
+)
+
 __all__ = [
+    "BackendError",
+    "BackendPermanentError",
     "BackendUnavailableError",
+    "ClosedError",
     "LeaseError",
     "LeaseNotAcquiredError",
+    "SignalsError",
     "UnsupportedBackendError",
 ]
-
-
-class LeaseError(Exception):
-    """Base class of every error this library raises on purpose."""
-
-
-class LeaseNotAcquiredError(LeaseError):
-    """The lease is held by another owner.
-
-    ``owner`` is the current holder when the backend could tell it.
-    """
-
-    def __init__(self, key: str, owner: str | None) -> None:
-        super().__init__(f"lease {key!r} is held by {owner!r}")
-        self.key = key
-        self.owner = owner
-
-
-class BackendUnavailableError(LeaseError, ConnectionError):
-    """The backend (for example Redis) could not be reached or did not answer in time.
-
-    A caller must never read this as "the lease is free" or "the owner is dead".
-    """
-
-
-class UnsupportedBackendError(LeaseError, RuntimeError):
-    """The backend cannot run under the current async library (e.g. redis-py under trio)."""

@@ -8,6 +8,7 @@ import anyio
 import structlog
 
 from ._errors import LeaseNotAcquiredError
+from ._heartbeat import safety_margin_ms
 from ._validation import check_key, check_owner, check_ttl_ms
 
 if TYPE_CHECKING:
@@ -24,15 +25,6 @@ logger: FilteringBoundLogger = structlog.get_logger("leases")
 
 #: Upper bound of the best-effort release at exit, in seconds.
 RELEASE_TIMEOUT_S = 1.0
-
-
-def safety_margin_ms(ttl_ms: int) -> float:
-    """How long before the server-side expiry the keeper gives the lease up, in ms.
-
-    ``2 ms + 1 %`` of the TTL (a 1 % clock-rate drift plus scheduling slack), capped at half
-    the TTL so very short leases still leave the body some time.
-    """
-    return min(2.0 + ttl_ms / 100, ttl_ms / 2)
 
 
 class LeaseKeeper:

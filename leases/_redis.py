@@ -1,87 +1,58 @@
 """Redis lease backend: every operation is one round trip (a Lua script or one command).
 
-Key layout (see :mod:`leases._lua`): the lease is the hash ``<prefix>:{<key>}`` (fields
-``owner``, ``token``; ``PX`` expiry) and the fencing counter is ``<prefix>:{<key>}:fence``
-(no expiry; one small key per lease key ever used). redis-py is asyncio-only, so every call
-checks the running async library first and raises :class:`UnsupportedBackendError` elsewhere.
+Key layout: ``_signal_leases.keys.LeaseKeys``; scripts: :mod:`leases._lua`. Per-key leases
+expire on their own (``PX``); session leases live as long as their session key, so one
+``PEXPIRE`` keeps all of them (standalone Redis only: on a Cluster a session would cross
+slots, and :meth:`RedisLeaseProvider.open_lease_session` returns ``None``). redis-py is
+asyncio-only, so every call checks the running async library first.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Self
 
-import redis.asyncio
-import redis.exceptions
-import sniffio
+from _signal_leases.keys import LeaseKeys
+from _signal_leases.redis_support import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SOCKET_TIMEOUT_S,
+    RedisHandle,
+    as_int,
+    map_errors,
+    side_client,
+    text,
+)
+from _signal_leases.validation import check_str
 
 from ._contract import AcquireResult
-from ._errors import BackendUnavailableError, UnsupportedBackendError
 from ._info import LeaseInfo
-from ._lua import ACQUIRE, INFO, RELEASE, RENEW, TRANSFER
+from ._lua import ACQUIRE, INFO, OWNER, RELEASE, RENEW, RENEW_MANY, TRANSFER
 from ._validation import check_key, check_owner, check_ttl_ms
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from types import TracebackType
 
+    import redis.asyncio
     from redis.commands.core import AsyncScript
 
 __all__ = ["RedisLeaseProvider"]
 
-_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
-
-def _text(value: object) -> str | None:
-    """A reply decoded to ``str`` (the client may or may not use ``decode_responses``)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return str(value)
-
-
-def _int(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes | str):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    raise TypeError(f"unexpected integer reply from Redis: {value!r}")
-
-
-def _require_asyncio() -> None:
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        library = None
-    if library != "asyncio":
-        raise UnsupportedBackendError(
-            f"RedisLeaseProvider needs asyncio (redis-py is asyncio-only), running under "
-            f"{library or 'no async library'}; use InMemoryLeaseProvider or run on asyncio"
-        )
-
-
-@contextmanager
-def _backend_errors(operation: str, key: str) -> Iterator[None]:
-    try:
-        yield
-    except _UNAVAILABLE as error:
-        if isinstance(error, BackendUnavailableError):
-            raise
-        raise BackendUnavailableError(
-            f"Redis unavailable during {operation} of lease {key!r}: {error}"
-        ) from error
+_CHUNK = 1000  # leases per RENEW_MANY call: each call blocks the server for a few ms at most
 
 
 class RedisLeaseProvider:
-    """A ``LeaseProvider`` on Redis (standalone, or Cluster through hash-tagged keys).
+    """A ``LeaseProvider`` on Redis, with lease sessions and batched renewal.
 
-    Pass exactly one of ``url`` (the provider creates and owns the client, closed by
-    :meth:`aclose`) or ``client`` (a ``redis.asyncio.Redis`` the caller keeps owning).
-    ``key_prefix`` namespaces the keys. Unreachable Redis raises
-    :class:`BackendUnavailableError`; never read that as "the lease is free".
+    Pass exactly one of ``url`` (the provider builds the client, with ``socket_timeout`` and a
+    waiting pool of ``max_connections``, and closes it in :meth:`aclose`) or ``client`` (a
+    ``redis.asyncio.Redis`` or ``RedisCluster`` the caller keeps owning); ``cluster=True`` with
+    ``url`` builds a ``RedisCluster``. Renewals use two connections of their own (so a busy
+    pool never delays them past a deadline) when the provider built its client, or with
+    ``dedicated_renewals=True`` (then call :meth:`aclose`). ``key_prefix`` namespaces the keys.
+    Unreachable Redis raises :class:`BackendUnavailableError` (never read that as "the lease
+    is free"); auth, ACL and script failures raise :class:`BackendPermanentError`.
 
     ``transfer_lease`` returns ``True`` without a new token when ``to_owner`` already holds
     the lease, so a transfer that redis-py re-sends after a timeout still reports success.
@@ -93,106 +64,204 @@ class RedisLeaseProvider:
         url: str | None = None,
         client: redis.asyncio.Redis | None = None,
         key_prefix: str = "leases",
+        cluster: bool = False,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        dedicated_renewals: bool | None = None,
     ) -> None:
-        if (url is None) == (client is None):
-            raise TypeError("RedisLeaseProvider needs exactly one of url= or client=")
-        if not isinstance(key_prefix, str):
-            raise TypeError(f"key_prefix must be a str, got {type(key_prefix).__name__}")
-        if not key_prefix:
-            raise ValueError("key_prefix must be a non-empty string")
-        if url is not None:
-            if not isinstance(url, str):
-                raise TypeError(f"url must be a str, got {type(url).__name__}")
-            if not url:
-                raise ValueError("url must be a non-empty redis:// URL")
-            client = redis.asyncio.Redis.from_url(url)
-            self._owns_client = True
-        else:
-            self._owns_client = False
-        assert client is not None
-        self.client: redis.asyncio.Redis = client
+        check_str("key_prefix", key_prefix)
+        self._handle = RedisHandle(
+            "RedisLeaseProvider", url=url, client=client, cluster=cluster,
+            socket_timeout=socket_timeout, max_connections=max_connections,
+        )
+        self.client: redis.asyncio.Redis = self._handle.client
         self.key_prefix = key_prefix
-        self._acquire: AsyncScript = client.register_script(ACQUIRE)
-        self._release: AsyncScript = client.register_script(RELEASE)
-        self._renew: AsyncScript = client.register_script(RENEW)
-        self._transfer: AsyncScript = client.register_script(TRANSFER)
-        self._info: AsyncScript = client.register_script(INFO)
+        self.keys = LeaseKeys(key_prefix)
+        self._session_prefix = f"{key_prefix}:session:"
+        register = self.client.register_script
+        self._acquire: AsyncScript = register(ACQUIRE)
+        self._owner: AsyncScript = register(OWNER)
+        self._release: AsyncScript = register(RELEASE)
+        self._renew: AsyncScript = register(RENEW)
+        self._renew_many: AsyncScript = register(RENEW_MANY)
+        self._transfer: AsyncScript = register(TRANSFER)
+        self._info: AsyncScript = register(INFO)
+        self._renewer: Any = None  # a pool of its own for renewals, built on first use
+        self._dedicated = self._handle.owns_client if dedicated_renewals is None else bool(
+            dedicated_renewals
+        )
 
     def lease_key(self, key: str) -> str:
         """The Redis key of the lease hash for ``key``."""
-        return f"{self.key_prefix}:{{{key}}}"
+        return self.keys.lease(key)
 
     def fence_key(self, key: str) -> str:
         """The Redis key of the fencing counter for ``key``."""
-        return f"{self.key_prefix}:{{{key}}}:fence"
+        return self.keys.fence(key)
 
-    def _keys(self, key: str) -> list[str]:
-        return [self.lease_key(key), self.fence_key(key)]
+    async def _call(self, script: AsyncScript, operation: str, keys: list[str], *args: Any) -> Any:
+        self._handle.require_asyncio()
+        with map_errors(operation):
+            return await script(keys=keys, args=[self._session_prefix, *args])
 
-    async def acquire_lease(self, key: str, owner: str, ttl_ms: int) -> AcquireResult:
+    # -- LeaseProvider ---------------------------------------------------------------------
+
+    async def acquire_lease(
+        self, key: str, owner: str, ttl_ms: int, *, session: str | None = None
+    ) -> AcquireResult:
         check_key(key), check_owner(owner), check_ttl_ms(ttl_ms)
-        _require_asyncio()
-        with _backend_errors("acquire", key):
-            reply: Any = await self._acquire(keys=self._keys(key), args=[owner, ttl_ms])
-        acquired, holder, token = reply
-        if int(acquired):
-            return AcquireResult(True, _text(holder), _int(token))
-        return AcquireResult(False, _text(holder) if holder else None, None)
+        if session is not None:
+            check_owner(session, "session")
+        keys = [self.keys.lease(key), self.keys.fence(key)]
+        reply = await self._call(
+            self._acquire, f"acquire of lease {key!r}", keys, owner, ttl_ms, session or ""
+        )
+        granted, holder, token = reply
+        granted = as_int(granted)
+        if granted == 1:
+            return AcquireResult(True, text(holder), as_int(token))
+        return AcquireResult(False, text(holder) if holder else None, None)
 
     async def get_lease_owner(self, key: str) -> str | None:
         check_key(key)
-        _require_asyncio()
-        with _backend_errors("get_lease_owner", key):
-            reply: Any = await self.client.hget(self.lease_key(key), "owner")
-        return _text(reply)
+        reply = await self._call(self._owner, f"get_lease_owner of {key!r}", [self.keys.lease(key)])
+        return text(reply) if reply else None
 
     async def release_lease(self, key: str, owner: str) -> None:
         check_key(key), check_owner(owner)
-        _require_asyncio()
-        with _backend_errors("release", key):
-            await self._release(keys=[self.lease_key(key)], args=[owner])
+        await self._call(self._release, f"release of lease {key!r}", [self.keys.lease(key)], owner)
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_key(key), check_owner(owner), check_ttl_ms(ttl_ms)
-        _require_asyncio()
-        with _backend_errors("renew", key):
-            reply: Any = await self._renew(keys=[self.lease_key(key)], args=[owner, ttl_ms])
-        return bool(int(reply))
+        reply = await self._call(
+            self._renew, f"renew of lease {key!r}", [self.keys.lease(key)], owner, ttl_ms
+        )
+        return as_int(reply) == 1
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         check_key(key), check_owner(from_owner, "from_owner")
         check_owner(to_owner, "to_owner"), check_ttl_ms(ttl_ms)
-        _require_asyncio()
-        with _backend_errors("transfer", key):
-            reply: Any = await self._transfer(
-                keys=self._keys(key), args=[from_owner, to_owner, ttl_ms]
-            )
-        return bool(int(reply))
+        keys = [self.keys.lease(key), self.keys.fence(key)]
+        reply = await self._call(
+            self._transfer, f"transfer of lease {key!r}", keys, from_owner, to_owner, ttl_ms
+        )
+        return as_int(reply) == 1
+
+    # -- batched renewal -------------------------------------------------------------------
+
+    async def renew_leases(self, items: Sequence[tuple[str, str]], ttl_ms: int) -> set[str]:
+        """Renew many leases in one round trip (chunks of 1,000 in one pipeline; on a Cluster,
+        one script per slot, pipelined per node). Returns the keys still held."""
+        check_ttl_ms(ttl_ms)
+        items = [(check_key(k), check_owner(o)) for k, o in items]
+        if not items:
+            return set()
+        self._handle.require_asyncio()
+        chunks = self._chunks(items)
+        kept: set[str] = set()
+        client = self._renewal_client()
+        script = self._renew_many_on_renewer
+        with map_errors(f"renewal of {len(items)} leases"):
+            if self._handle.cluster:
+                replies = [
+                    await script(
+                        keys=[self.keys.lease(k) for k, _ in chunk],
+                        args=[self._session_prefix, ttl_ms, *(o for _, o in chunk)],
+                    )
+                    for chunk in chunks
+                ]
+            else:
+                async with client.pipeline(transaction=False) as pipe:
+                    for chunk in chunks:
+                        await script(
+                            keys=[self.keys.lease(k) for k, _ in chunk],
+                            args=[self._session_prefix, ttl_ms, *(o for _, o in chunk)],
+                            client=pipe,
+                        )
+                    replies = await pipe.execute()
+        for chunk, reply in zip(chunks, replies, strict=True):
+            kept.update(chunk[as_int(i) - 1][0] for i in reply)
+        return kept
+
+    def _chunks(self, items: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+        if not self._handle.cluster:
+            return [items[i : i + _CHUNK] for i in range(0, len(items), _CHUNK)]
+        from redis.crc import key_slot
+
+        by_slot: dict[int, list[tuple[str, str]]] = {}
+        for key, owner in items:
+            by_slot.setdefault(key_slot(self.keys.lease(key).encode()), []).append((key, owner))
+        return [
+            group[i : i + _CHUNK]
+            for group in by_slot.values()
+            for i in range(0, len(group), _CHUNK)
+        ]
+
+    # -- lease sessions --------------------------------------------------------------------
+
+    async def open_lease_session(self, ttl_ms: int) -> str | None:
+        """Open a session alive for ``ttl_ms``; ``None`` on a Redis Cluster (no sessions)."""
+        check_ttl_ms(ttl_ms)
+        if self._handle.cluster:
+            return None
+        self._handle.require_asyncio()
+        session = uuid.uuid4().hex
+        with map_errors("open of a lease session"):
+            await self.client.set(self.keys.session(session), "1", px=ttl_ms, nx=True)
+        return session
+
+    async def renew_lease_session(self, session: str, ttl_ms: int) -> bool:
+        """Keep ``session`` (and every lease in it) alive for ``ttl_ms`` more; ``False`` when it
+        has expired (its leases are free; open a new one)."""
+        check_owner(session, "session"), check_ttl_ms(ttl_ms)
+        self._handle.require_asyncio()
+        with map_errors("renewal of a lease session"):
+            return bool(await self._renewal_client().pexpire(self.keys.session(session), ttl_ms))
+
+    async def close_lease_session(self, session: str) -> None:
+        """End ``session``: every lease in it is free at once."""
+        check_owner(session, "session")
+        self._handle.require_asyncio()
+        with map_errors("close of a lease session"):
+            await self.client.delete(self.keys.session(session))
+
+    # -- inspection and lifecycle ----------------------------------------------------------
 
     async def lease_info(self, key: str) -> LeaseInfo | None:
         """Owner, remaining TTL (``None`` if the key has no expiry) and token, or ``None``."""
         check_key(key)
-        _require_asyncio()
-        with _backend_errors("lease_info", key):
-            reply: Any = await self._info(keys=[self.lease_key(key)])
+        reply = await self._call(self._info, f"lease_info of {key!r}", [self.keys.lease(key)])
         if not reply:
             return None
-        owner, token, pttl = reply
-        remaining = _int(pttl)
+        owner, token, pttl = reply[0], reply[1], reply[2]
+        remaining = as_int(pttl)
         return LeaseInfo(
             key=key,
-            owner=_text(owner) or "",
-            ttl_ms_remaining=remaining if remaining is not None and remaining >= 0 else None,
-            token=_int(token),
+            owner=text(owner),
+            ttl_ms_remaining=remaining if remaining >= 0 else None,
+            token=as_int(token) if token else None,
         )
 
-    async def aclose(self) -> None:
-        """Close the client if this provider created it (from ``url``)."""
-        if self._owns_client:
-            await self.client.aclose()
+    def _renewal_client(self) -> Any:
+        """Renewals go over connections of their own: a busy main pool (thousands of runs
+        reading and acknowledging) must never delay them past a lease's deadline."""
+        if self._renewer is None:
+            self._renewer = (
+                side_client(self.client, name=f"{self.key_prefix}:renewals")
+                if self._dedicated else self.client
+            )
+            self._renew_many_on_renewer = self._renewer.register_script(RENEW_MANY)
+        return self._renewer
 
-    async def __aenter__(self) -> RedisLeaseProvider:
-        _require_asyncio()
+    async def aclose(self) -> None:
+        """Close the client if this provider built it (from ``url``), and the renewal pool."""
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None and renewer is not self.client:
+            await renewer.aclose()
+        await self._handle.aclose()
+
+    async def __aenter__(self) -> Self:
+        self._handle.require_asyncio()
         return self
 
     async def __aexit__(

@@ -37,12 +37,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import anyio
 import pytest
 
-from ._contract import AcquireResult, is_lease_provider
+from ._contract import (
+    AcquireResult,
+    is_lease_provider,
+    supports_batch_renewal,
+    supports_lease_sessions,
+)
 
 if TYPE_CHECKING:
     from ._contract import LeaseProvider
 
-__all__ = ["LeaseProviderConformance", "ManualClock"]
+__all__ = ["LeaseProviderConformance", "ManualClock", "RecordingLeaseProvider"]
 
 LONG_TTL_MS = 60_000
 PAST_MS = 15  # how far past an expiry the refresh checks look
@@ -282,8 +287,79 @@ class LeaseProviderConformance:
         t1 = (await provider.acquire_lease(k1, "a", LONG_TTL_MS)).token
         t2 = (await provider.acquire_lease(k2, "a", LONG_TTL_MS)).token
         assert t1 is not None and t2 is not None
+        # Every new grant of a key gets a greater token than that key's earlier grants.
+        await provider.release_lease(k1, "a")
+        t1_next = (await provider.acquire_lease(k1, "b", LONG_TTL_MS)).token
+        assert t1_next is not None and t1_next > t1
+        await provider.release_lease(k2, "a")
+        t2_next = (await provider.acquire_lease(k2, "b", LONG_TTL_MS)).token
+        assert t2_next is not None and t2_next > t2
+        assert await provider.get_lease_owner(k1) == "b"
+        assert await provider.get_lease_owner(k2) == "b"
+
+    # -- optional capabilities: batched renewal, sessions -----------------------------------
+
+    async def test_batched_renewal_keeps_only_what_the_owner_holds(
+        self, provider: LeaseProvider
+    ) -> None:
+        self._exclusive_only()
+        if not supports_batch_renewal(provider):
+            pytest.skip("no renew_leases on this provider")
+        mine, theirs, free = self.key(), self.key(), self.key()
+        await provider.acquire_lease(mine, "a", self.short_ttl_ms)
+        await provider.acquire_lease(theirs, "b", LONG_TTL_MS)
+        kept = await provider.renew_leases(  # type: ignore[attr-defined]
+            [(mine, "a"), (theirs, "a"), (free, "a")], self.refresh_ttl_ms
+        )
+        assert kept == {mine}
+        await self.advance(provider, self.short_ttl_ms + PAST_MS)
+        assert await provider.get_lease_owner(mine) == "a", "renewed past its first expiry"
+        assert await provider.get_lease_owner(free) is None, "never created by a renewal"
+
+    async def test_session_leases_live_and_die_with_their_session(
+        self, provider: LeaseProvider
+    ) -> None:
+        self._exclusive_only()
+        if not supports_lease_sessions(provider):
+            pytest.skip("no lease sessions on this provider")
+        sessions: Any = provider
+        session = await sessions.open_lease_session(self.short_ttl_ms)
+        if session is None:
+            pytest.skip("sessions are not available in this configuration")
+        k1, k2 = self.key(), self.key()
+        first = await sessions.acquire_lease(k1, "a", 1, session=session)
+        assert first.acquired and first.token is not None
+        assert (await sessions.acquire_lease(k2, "b", 1, session=session)).acquired
+        assert not (await provider.acquire_lease(k1, "c", LONG_TTL_MS)).acquired
+        for _ in range(3):  # renewing the session alone keeps both, past their first expiry
+            await self.advance(provider, self.short_ttl_ms // 2)
+            assert await sessions.renew_lease_session(session, self.short_ttl_ms)
         assert await provider.get_lease_owner(k1) == "a"
-        assert await provider.get_lease_owner(k2) == "a"
+        assert await provider.transfer_lease(k1, "a", "a2", LONG_TTL_MS)
+        await self.advance(provider, self.short_ttl_ms * 2 + PAST_MS)
+        assert await provider.get_lease_owner(k1) is None, "it stays in the session"
+        assert await provider.get_lease_owner(k2) is None
+        assert not await sessions.renew_lease_session(session, self.short_ttl_ms)
+        gone = await sessions.acquire_lease(self.key(), "d", 1, session=session)
+        assert not gone.acquired and gone.owner is None
+        taken = await provider.acquire_lease(k1, "c", LONG_TTL_MS)
+        assert taken.acquired and taken.token is not None and taken.token > first.token
+
+    async def test_closing_a_session_frees_its_leases_at_once(
+        self, provider: LeaseProvider
+    ) -> None:
+        self._exclusive_only()
+        if not supports_lease_sessions(provider):
+            pytest.skip("no lease sessions on this provider")
+        sessions: Any = provider
+        session = await sessions.open_lease_session(LONG_TTL_MS)
+        if session is None:
+            pytest.skip("sessions are not available in this configuration")
+        key = self.key()
+        assert (await sessions.acquire_lease(key, "a", 1, session=session)).acquired
+        await sessions.close_lease_session(session)
+        assert await provider.get_lease_owner(key) is None
+        assert (await provider.acquire_lease(key, "b", LONG_TTL_MS)).acquired
 
     # -- concurrency ------------------------------------------------------------------------
 
@@ -345,3 +421,59 @@ class LeaseProviderConformance:
         if bad_key:
             with pytest.raises(error):
                 await provider.get_lease_owner(key)
+
+
+class RecordingLeaseProvider:
+    """A lease provider that records every call and forwards it to ``inner``.
+
+    ``calls`` lists ``(method, key, *owners)`` tuples in order: count backend calls in your
+    tests, or assert the order of acquire, transfer and release. The optional capabilities
+    (``renew_leases``, the session methods) are offered exactly when ``inner`` offers them,
+    and recorded too. ``get_lease_provider()`` is deliberately absent, so the recorder is
+    what the runtime uses.
+    """
+
+    def __init__(self, inner: LeaseProvider) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, ...]] = []
+
+    def count(self, method: str) -> int:
+        """How many calls of ``method`` were recorded."""
+        return sum(1 for call in self.calls if call[0] == method)
+
+    async def acquire_lease(self, key: str, owner: str, ttl_ms: int, **kw: Any) -> AcquireResult:
+        self.calls.append(("acquire_lease", key, owner))
+        return await self.inner.acquire_lease(key, owner, ttl_ms, **kw)
+
+    async def get_lease_owner(self, key: str) -> str | None:
+        self.calls.append(("get_lease_owner", key))
+        return await self.inner.get_lease_owner(key)
+
+    async def release_lease(self, key: str, owner: str) -> None:
+        self.calls.append(("release_lease", key, owner))
+        await self.inner.release_lease(key, owner)
+
+    async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
+        self.calls.append(("renew_lease", key, owner))
+        return await self.inner.renew_lease(key, owner, ttl_ms)
+
+    async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
+        self.calls.append(("transfer_lease", key, from_owner, to_owner))
+        return await self.inner.transfer_lease(key, from_owner, to_owner, ttl_ms)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _OPTIONAL:
+            raise AttributeError(name)
+        method = getattr(self.inner, name)  # AttributeError: the inner provider lacks it
+
+        async def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, *(a for a in args if isinstance(a, str))))
+            return await method(*args, **kwargs)
+
+        return recorded
+
+
+_OPTIONAL = frozenset(
+    {"renew_leases", "open_lease_session", "renew_lease_session", "close_lease_session",
+     "lease_info"}
+)

@@ -1,10 +1,13 @@
 """Pub/sub: at-least-once event delivery by topic, with consumer groups.
 
-The contract is the abstract base :class:`PubSub`. Backends: :class:`InMemoryPubSub` (one
-process, asyncio and trio) and :class:`RedisStreamsPubSub` (Redis Streams; also a
-``LeaseProvider``). ``pubsub.testing`` holds a conformance suite for your own backend.
+The contract is the :class:`PubSub` protocol (structural; :func:`is_pubsub` checks an object).
+:class:`PubSubBase` implements its entry points once (validation, lifecycle, extensions) for
+the backends: :class:`InMemoryPubSub` (one process, asyncio and trio) and
+:class:`RedisStreamsPubSub` (Redis Streams). Each offers ``get_lease_provider()``, the lease
+provider that goes with it. ``pubsub.testing`` holds a conformance suite for your own backend.
 """
 
+from ._base import PubSubBase
 from ._contract import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
     Event,
@@ -13,11 +16,16 @@ from ._contract import (
     PubSub,
     StartFrom,
     Subscription,
+    is_pubsub,
 )
 from ._errors import (
+    BackendError,
+    BackendPermanentError,
     BackendUnavailableError,
+    ClosedError,
     PubSubClosedError,
     PubSubError,
+    SignalsError,
     UnsupportedBackendError,
 )
 from ._memory import InMemoryPubSub
@@ -25,16 +33,22 @@ from ._redis_streams import RedisStreamsPubSub
 
 __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
+    "BackendError",
+    "BackendPermanentError",
     "BackendUnavailableError",
+    "ClosedError",
     "Event",
-    "InMemoryPubSub",
     "EventHandler",
+    "InMemoryPubSub",
     "JSONValue",
     "PubSub",
+    "PubSubBase",
     "PubSubClosedError",
     "PubSubError",
     "RedisStreamsPubSub",
+    "SignalsError",
     "StartFrom",
     "Subscription",
     "UnsupportedBackendError",
+    "is_pubsub",
 ]

@@ -1,18 +1,21 @@
-"""The ``PubSub`` contract: events, subscriptions, and the abstract base every backend extends."""
+"""The pub/sub contract: the ``Event`` envelope, and the ``PubSub`` and ``Subscription``
+protocols a backend implements (detected structurally, see :func:`is_pubsub`)."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Literal, Self, TypeAlias
+from typing import Any, Literal, Protocol, Self, TypeAlias, runtime_checkable
+
+from _signal_leases.validation import check_str
 
 __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
+    "START_FROM",
     "Event",
     "EventHandler",
     "JSONValue",
@@ -20,36 +23,16 @@ __all__ = [
     "StartFrom",
     "Subscription",
     "check_json",
-    "check_subscribe_args",
-    "check_topic",
+    "is_pubsub",
 ]
 
 JSONValue: TypeAlias = Any
 """A value ``json.dumps`` accepts without a ``default=`` hook (dict, list, str, int, ...)."""
 
 StartFrom: TypeAlias = Literal["latest", "earliest"]
+START_FROM: tuple[StartFrom, ...] = ("latest", "earliest")
 
 DEFAULT_MAX_DELIVERY_ATTEMPTS = 5
-
-
-def check_topic(topic: object) -> str:
-    """Return ``topic`` if it is a non-empty ``str``, else raise ``TypeError``/``ValueError``."""
-    if not isinstance(topic, str):
-        raise TypeError(f"topic must be a str, got {type(topic).__name__}")
-    if not topic:
-        raise ValueError("topic must be a non-empty string")
-    return topic
-
-
-def check_subscribe_args(topic: object, handler: object, group: object, start_from: object) -> None:
-    """Validate the arguments of :meth:`PubSub.subscribe` (shared by every backend)."""
-    check_topic(topic)
-    if not callable(handler):
-        raise TypeError("handler must be an async callable taking an Event")
-    if group is not None and (not isinstance(group, str) or not group):
-        raise ValueError("group must be a non-empty string or None")
-    if start_from not in ("latest", "earliest"):
-        raise ValueError(f"start_from must be 'latest' or 'earliest', got {start_from!r}")
 
 
 def check_json(data: object, what: str = "event data") -> str:
@@ -65,7 +48,8 @@ class Event:
     """One event: an envelope around JSON ``data``.
 
     ``id`` is unique per published event; ``created_at`` is Unix time in seconds;
-    ``delivery_attempt`` starts at 1 and grows on each redelivery.
+    ``delivery_attempt`` starts at 1 and grows on each redelivery. ``type`` and ``id`` are
+    non-empty strings; ``data`` that is not JSON-serialisable raises ``TypeError`` here.
     """
 
     type: str
@@ -75,29 +59,25 @@ class Event:
     delivery_attempt: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.type, str) or not self.type:
-            raise ValueError("event type must be a non-empty string")
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError("event id must be a non-empty string")
+        check_str("event type", self.type)
+        check_str("event id", self.id)
         check_json(self.data)
 
     def to_json(self) -> str:
-        """The wire form: one JSON object."""
-        return json.dumps(
+        """The wire form: one JSON object (``TypeError`` if ``data`` no longer encodes)."""
+        return check_json(
             {
                 "id": self.id,
                 "type": self.type,
                 "data": self.data,
                 "created_at": self.created_at,
                 "delivery_attempt": self.delivery_attempt,
-            },
-            allow_nan=False,
-            separators=(",", ":"),
+            }
         )
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Event:
-        """Parse the wire form; raises ``ValueError`` on malformed input."""
+        """Parse the wire form; raises ``ValueError`` (or ``TypeError``) on malformed input."""
         obj = json.loads(raw)
         if not isinstance(obj, dict):
             raise ValueError("event JSON must be an object")
@@ -118,33 +98,35 @@ EventHandler: TypeAlias = Callable[[Event], Awaitable[None]]
 """``async def handler(event) -> None``. Returning acknowledges; raising asks for redelivery."""
 
 
-class Subscription(ABC):
-    """A live subscription returned by :meth:`PubSub.subscribe`. Close it to stop delivery."""
+class Subscription(Protocol):
+    """A live subscription returned by :meth:`PubSub.subscribe`. Close it to stop delivery.
 
-    topic: str
-    group: str | None
+    The built-in backends' subscriptions are also async context managers (leaving the block
+    closes them).
+    """
 
-    @abstractmethod
+    @property
+    def topic(self) -> str:
+        """The topic this subscription receives."""
+        ...
+
+    @property
+    def group(self) -> str | None:
+        """The group it competes in, or ``None`` for fan-out."""
+        ...
+
     async def close(self) -> None:
         """Stop delivery to this subscription (idempotent). In-flight handling finishes first."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        ...
 
 
-class PubSub(ABC):
+@runtime_checkable
+class PubSub(Protocol):
     """Event delivery by topic, at least once.
 
     * ``publish`` returns once the backend accepted the event (durably, for durable backends).
-      Non-JSON data raises ``TypeError`` at publish time; nothing is pickled.
+      A non-``Event`` or non-JSON data raises ``TypeError``, an empty topic ``ValueError``, at
+      publish time; nothing is pickled.
     * Without a ``group`` every subscription gets every event (fan-out). Subscriptions that share
       a ``group`` compete: each event goes to one member.
     * A handler that returns acknowledges the event. A handler that raises gets it again, with
@@ -153,15 +135,18 @@ class PubSub(ABC):
     * One subscription sees the events of its topic one at a time, in publish order.
     * ``start_from="earliest"`` replays what the backend retains; ``"latest"`` sees only events
       published after ``subscribe`` returned. An existing group keeps its position.
+    * Backends are used as ``async with backend:``; the context owns their background tasks.
+      Using one before entering it or after :meth:`close` raises ``PubSubClosedError``.
 
-    Backends are used as ``async with backend:``; the context owns their background tasks.
+    Structural: implement these methods (or inherit :class:`~pubsub.PubSubBase`, which
+    validates the arguments and runs the lifecycle for you); no registration is needed.
+    :func:`is_pubsub` is the check the library itself uses.
     """
 
-    @abstractmethod
     async def publish(self, topic: str, event: Event) -> str:
         """Publish ``event`` on ``topic``; returns the event id."""
+        ...
 
-    @abstractmethod
     async def subscribe(
         self,
         topic: str,
@@ -171,22 +156,33 @@ class PubSub(ABC):
         start_from: StartFrom = "latest",
     ) -> Subscription:
         """Deliver the events of ``topic`` to ``handler`` until the subscription is closed."""
+        ...
 
     async def unsubscribe(self, subscription: Subscription) -> None:
         """Close ``subscription`` (same as ``await subscription.close()``)."""
-        await subscription.close()
+        ...
 
-    @abstractmethod
     async def close(self) -> None:
         """Close every subscription and release the backend's resources (idempotent)."""
+        ...
 
     async def __aenter__(self) -> Self:
-        return self
+        """Start the backend (its background tasks live until the block is left)."""
+        ...
 
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    ) -> bool | None:
+        """A clean exit closes gracefully; an exception cancels in-flight handlers."""
+        ...
+
+
+def is_pubsub(obj: object) -> bool:
+    """True when ``obj`` is a pub/sub *instance*: not a class, with callable ``publish``,
+    ``subscribe`` and ``close`` (the methods a consumer such as the signal runtime needs)."""
+    if isinstance(obj, type):
+        return False
+    return all(callable(getattr(obj, name, None)) for name in ("publish", "subscribe", "close"))

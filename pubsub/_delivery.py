@@ -1,67 +1,28 @@
-"""Pieces every backend's subscription loop shares: a wakeable queue and the retry policy."""
+"""The subscription loop both built-in backends share: one task per subscription that hands
+queued items to the handler one at a time, with in-place redelivery and a graceful close."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import anyio
 import anyio.lowlevel
 import structlog
 
-from ._contract import Subscription
-
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
     from structlog.typing import FilteringBoundLogger
 
+    from _signal_leases.aio import WakeQueue
+
     from ._contract import Event, EventHandler
 
-__all__ = ["EventQueue", "LoopSubscription", "check_max_attempts", "deliver_with_retries"]
+__all__ = ["LoopSubscription", "deliver_with_retries"]
 
 logger: FilteringBoundLogger = structlog.get_logger("pubsub")
 
 T = TypeVar("T")
-
-
-def check_max_attempts(value: object) -> int:
-    """Return ``value`` if it is a positive ``int`` of delivery attempts, else raise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_delivery_attempts must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"max_delivery_attempts must be positive, got {value}")
-    return value
-
-
-class EventQueue(Generic[T]):
-    """A FIFO with an awaitable ``get``; cancelling a waiter never loses an item."""
-
-    def __init__(self) -> None:
-        self._items: deque[T] = deque()
-        self._ready: anyio.Event | None = None
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, event: T) -> None:
-        self._items.append(event)
-        if self._ready is not None:
-            self._ready.set()
-            self._ready = None
-
-    def drain(self) -> list[T]:
-        """Remove and return every queued item."""
-        items = list(self._items)
-        self._items.clear()
-        return items
-
-    async def get(self) -> T:
-        while not self._items:
-            if self._ready is None:
-                self._ready = anyio.Event()
-            await self._ready.wait()
-        return self._items.popleft()
 
 
 async def deliver_with_retries(
@@ -109,11 +70,12 @@ async def deliver_with_retries(
             return True
 
 
-class LoopSubscription(Subscription):
-    """A subscription served by one task that handles one item at a time.
+class LoopSubscription:
+    """A :class:`~pubsub.Subscription` served by one task that handles one item at a time.
 
     :meth:`close` lets the item in hand finish, then stops the task (a task waiting for the
-    next item is cancelled at once; a waiting :class:`EventQueue` loses nothing).
+    next item is cancelled at once; a waiting :class:`WakeQueue` loses nothing). Leaving
+    ``async with subscription:`` closes it.
     """
 
     def __init__(self, topic: str, group: str | None) -> None:
@@ -141,9 +103,15 @@ class LoopSubscription(Subscription):
                 self._scope.cancel()
         await self._done.wait()
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     async def serve(
         self,
-        queue: EventQueue[T],
+        queue: WakeQueue[T],
         handle: Callable[[T], Awaitable[object]],
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
@@ -163,6 +131,7 @@ class LoopSubscription(Subscription):
                     finally:
                         self._busy = False
         finally:
+            self._closing = True
             if cleanup is not None:
                 cleanup()
             self._done.set()

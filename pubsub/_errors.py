@@ -1,20 +1,30 @@
-"""Errors of the pub/sub layer (a small tree under the shared ``LeaseError`` base)."""
+"""The pub/sub layer's part of the library's error tree (defined in ``_signal_leases.errors``).
+
+``PubSubClosedError`` is the same class as :class:`ClosedError`: the name is kept from earlier
+releases, so ``except PubSubClosedError`` and ``except ClosedError`` catch the same errors.
+"""
 
 from __future__ import annotations
 
-from leases._errors import BackendUnavailableError, LeaseError, UnsupportedBackendError
+from _signal_leases.errors import (
+    BackendError,
+    BackendPermanentError,
+    BackendUnavailableError,
+    ClosedError,
+    PubSubError,
+    SignalsError,
+    UnsupportedBackendError,
+)
 
 __all__ = [
+    "BackendError",
+    "BackendPermanentError",
     "BackendUnavailableError",
+    "ClosedError",
     "PubSubClosedError",
     "PubSubError",
+    "SignalsError",
     "UnsupportedBackendError",
 ]
 
-
-class PubSubError(LeaseError):
-    """Base class of pub/sub errors."""
-
-
-class PubSubClosedError(PubSubError):
-    """The pub/sub was used before ``async with`` entered it, or after it was closed."""
+PubSubClosedError = ClosedError

@@ -42,7 +42,7 @@ import anyio.lowlevel
 import pytest
 import structlog.testing
 
-from ._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, PubSub
+from ._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, PubSub, is_pubsub
 from ._errors import PubSubClosedError
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ class PubSubConformance:
 
     async def test_is_a_pubsub(self, pubsub: PubSub) -> None:
         assert isinstance(pubsub, PubSub)
+        assert is_pubsub(pubsub)
 
     async def test_publish_returns_the_event_id(self, pubsub: PubSub) -> None:
         event = Event("conformance", {"n": 1})

@@ -2,36 +2,99 @@
 
 :class:`SignalRuntime` routes each :class:`Signal` for a thread key: it wakes an idle thread
 (this process wins the thread's lease and runs your agent) or delivers it to the active
-:class:`Run`, here or in the owner process. Accepted signals wait in a :class:`SignalInbox`
-(:class:`InMemorySignalInbox`, or the durable :class:`RedisSignalInbox`) until processed.
+:class:`Run`, here or in the owner process. Accepted signals wait in a :class:`SignalStore`
+(:class:`InMemorySignalStore`, or the durable :class:`RedisSignalStore`) until a run
+acknowledges them; each has a :class:`Receipt`.
 """
 
-from ._errors import ConfigurationError, RuntimeClosedError, SignalsError
-from ._inbox import EntryMode, InboxEntry, SignalInbox, is_signal_inbox
-from ._memory_inbox import InMemorySignalInbox
-from ._model import Delivery, IfActive, IfIdle, Outcome, Signal
-from ._redis_inbox import RedisSignalInbox
+from _signal_leases.errors import (
+    BackendError,
+    BackendPermanentError,
+    BackendUnavailableError,
+    ClosedError,
+    ConfigurationError,
+    CursorExpiredError,
+    SignalError,
+    SignalsError,
+    SignalTooLargeError,
+    UnknownSignalError,
+    UnsupportedBackendError,
+)
+
+from . import _pubsub_guard  # noqa: F401  (a clear ImportError if `pubsub` is not ours)
+from ._memory_store import InMemorySignalStore
+from ._model import (
+    DEFAULT_MAX_SIGNAL_BYTES,
+    Delivery,
+    EntryMode,
+    IfActive,
+    IfIdle,
+    Outcome,
+    Receipt,
+    ReceiptStatus,
+    Signal,
+)
+from ._redis_store import RedisSignalStore
+from ._resolve import resolve_signal_store
 from ._run import Run, RunInfo
-from ._runtime import Agent, SignalRuntime, resolve_signal_inbox
+from ._runtime import Agent, SignalRuntime
+from ._store import (
+    DeadLetter,
+    FusedSignalStore,
+    InboxEntry,
+    Notice,
+    RuntimeInfo,
+    SignalStore,
+    is_signal_store,
+)
+
+#: The earlier names of the store, kept for code written against them.
+SignalInbox = SignalStore
+InMemorySignalInbox = InMemorySignalStore
+RedisSignalInbox = RedisSignalStore
+RuntimeClosedError = ClosedError
+is_signal_inbox = is_signal_store
+resolve_signal_inbox = resolve_signal_store
 
 __all__ = [
+    "DEFAULT_MAX_SIGNAL_BYTES",
     "Agent",
+    "BackendError",
+    "BackendPermanentError",
+    "BackendUnavailableError",
+    "ClosedError",
     "ConfigurationError",
+    "CursorExpiredError",
+    "DeadLetter",
     "Delivery",
     "EntryMode",
+    "FusedSignalStore",
     "IfActive",
     "IfIdle",
     "InMemorySignalInbox",
+    "InMemorySignalStore",
     "InboxEntry",
+    "Notice",
     "Outcome",
+    "Receipt",
+    "ReceiptStatus",
     "RedisSignalInbox",
+    "RedisSignalStore",
     "Run",
     "RunInfo",
     "RuntimeClosedError",
+    "RuntimeInfo",
     "Signal",
+    "SignalError",
     "SignalInbox",
     "SignalRuntime",
+    "SignalStore",
+    "SignalTooLargeError",
     "SignalsError",
+    "UnknownSignalError",
+    "UnsupportedBackendError",
     "is_signal_inbox",
+    "is_signal_store",
     "resolve_signal_inbox",
+    "resolve_signal_store",
 ]

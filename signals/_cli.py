@@ -1,15 +1,18 @@
-"""``python -m signals``: inspect threads, leases and inboxes on Redis.
+"""``python -m signals``: inspect threads, leases, inboxes, receipts and dead letters on Redis.
 
 Commands::
 
     python -m signals inspect THREAD_KEY --redis-url URL [--key-prefix P] [--limit N] [--json]
     python -m signals threads --redis-url URL [--key-prefix P] [--limit N] [--json]
+    python -m signals receipt THREAD_KEY SIGNAL_ID --redis-url URL [--json]
+    python -m signals dead-letters THREAD_KEY [--retry ID ... | --purge] --redis-url URL [--json]
 
 ``--key-prefix`` is the ``key_prefix`` of the ``RedisStreamsPubSub`` the runtime runs on
 (default ``pubsub``): the runtime's leases then live under ``<P>:lease`` and its inbox under
 ``<P>:signals``. ``--lease-prefix`` / ``--inbox-prefix`` override those two when you built a
 ``RedisLeaseProvider`` / ``RedisSignalInbox`` yourself. Exit codes: 0 ok, 1 usage error (bad
-arguments or URL), 2 Redis unreachable (one line on stderr, no traceback).
+arguments or URL), 2 Redis unreachable (one line on stderr, no traceback), 3 not found (an
+unknown receipt).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
 
     import redis.asyncio
 
+    from leases import RedisLeaseProvider
+
+    from ._redis_store import RedisSignalStore
+
 __all__ = ["DEFAULT_KEY_PREFIX", "ThreadReport", "inspect_thread", "list_threads", "main"]
 
 DEFAULT_KEY_PREFIX = "pubsub"
@@ -40,6 +47,30 @@ DEFAULT_KEY_PREFIX = "pubsub"
 EXIT_OK = 0
 EXIT_USAGE = 1
 EXIT_UNAVAILABLE = 2
+EXIT_NOT_FOUND = 3
+
+
+class _NotFound(Exception):
+    """The thing asked for does not exist (exit code 3)."""
+
+
+def _describe_receipt(found: dict[str, Any]) -> str:
+    parts = [f"{found['signal_id']}: {found['status']}"]
+    parts += [f"{k}={found[k]}" for k in ("run_id", "error") if found.get(k)]
+    if "result" in found:
+        parts.append(f"result={json.dumps(found['result'])}")
+    return "  ".join(parts)
+
+
+def _describe_dead(report: dict[str, Any]) -> str:
+    lines = [f"retried: {', '.join(report['retried'])}"] if report["retried"] else []
+    if report["purged"]:
+        lines.append(f"purged: {report['purged']}")
+    if not report["dead_letters"]:
+        lines.append(f"no dead letters on {report['thread_key']!r}")
+    for d in report["dead_letters"]:
+        lines.append(f"{d['id']}  attempts={d['attempts']}  at={_iso(d['at'])}  {d['error'] or ''}")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,21 +144,17 @@ async def inspect_thread(
     client: redis.asyncio.Redis, thread_key: str, prefixes: Prefixes, *, limit: int = 10
 ) -> ThreadReport:
     """Lease and queued signals of ``thread_key`` (the first ``limit`` entries)."""
-    from leases import RedisLeaseProvider
-
-    from ._redis_inbox import RedisSignalInbox
-
-    provider = RedisLeaseProvider(client=client, key_prefix=prefixes.lease)
-    inbox = RedisSignalInbox(client=client, key_prefix=prefixes.inbox)
+    provider, store = _parts(client, prefixes)
     info = await provider.lease_info(thread_key)
-    count = await inbox.inbox_pending_count(thread_key)
-    entries = await inbox.inbox_read(thread_key, limit=limit) if limit > 0 else []
+    count = await store.pending_count(thread_key)
+    entries = await store.read(thread_key, limit=limit) if limit > 0 else []
     signals = [
         {
             "entry_id": e.entry_id,
             "id": e.signal.id,
             "type": e.signal.type,
             "mode": e.mode,
+            "attempts": e.attempts,
             "created_at": e.signal.created_at,
         }
         for e in entries
@@ -145,23 +172,60 @@ async def inspect_thread(
 async def list_threads(
     client: redis.asyncio.Redis, prefixes: Prefixes, *, limit: int = 100
 ) -> list[dict[str, Any]]:
-    """Threads with pending signals: key, pending count and lease owner of each."""
+    """Threads with pending signals or an owner: key, pending count and lease owner of each
+    (the pending index, then the threads of every registered runtime)."""
+    provider, store = _parts(client, prefixes)
+    threads = list(await store.pending_threads(limit=limit))
+    for runtime in await store.runtimes():
+        threads += [t for t in await store.runtime_threads(runtime.runtime_id) if t not in threads]
+    rows: list[dict[str, Any]] = []
+    for thread in sorted(threads)[:limit]:
+        owner = await provider.get_lease_owner(thread)
+        count = await store.pending_count(thread)
+        if owner is not None or count:
+            rows.append({"thread_key": thread, "pending_count": count, "owner": owner})
+    return rows
+
+
+def _parts(
+    client: redis.asyncio.Redis, prefixes: Prefixes
+) -> tuple[RedisLeaseProvider, RedisSignalStore]:
+    """The lease provider and store as the runtime builds them on ``RedisStreamsPubSub``."""
     from leases import RedisLeaseProvider
 
-    from ._redis_inbox import RedisSignalInbox
+    from ._redis_store import RedisSignalStore
 
     provider = RedisLeaseProvider(client=client, key_prefix=prefixes.lease)
-    inbox = RedisSignalInbox(client=client, key_prefix=prefixes.inbox)
-    rows: list[dict[str, Any]] = []
-    for thread in await inbox.inbox_pending_threads(limit=limit):
-        rows.append(
-            {
-                "thread_key": thread,
-                "pending_count": await inbox.inbox_pending_count(thread),
-                "owner": await provider.get_lease_owner(thread),
-            }
-        )
-    return rows
+    return provider, RedisSignalStore(client=client, key_prefix=prefixes.inbox, leases=provider)
+
+
+async def receipt_of(
+    client: redis.asyncio.Redis, prefixes: Prefixes, thread_key: str, signal_id: str
+) -> dict[str, Any] | None:
+    """The receipt of one signal as JSON, or ``None`` when unknown."""
+    _, store = _parts(client, prefixes)
+    receipt = await store.receipt(thread_key, signal_id)
+    return None if receipt is None else {"signal_id": signal_id, **receipt.to_dict()}
+
+
+async def dead_letters(
+    client: redis.asyncio.Redis, prefixes: Prefixes, thread_key: str, *,
+    retry: Sequence[str] = (), purge: bool = False,
+) -> dict[str, Any]:
+    """List (and optionally retry or purge) the dead letters of one thread."""
+    _, store = _parts(client, prefixes)
+    retried = await store.retry_dead(thread_key, list(retry)) if retry else []
+    if retried:
+        from ._store import Notice
+
+        await store.notify(None, Notice("work", thread_key))
+    purged = await store.purge_dead(thread_key) if purge else 0
+    rows = [
+        {"id": d.signal.id, "type": d.signal.type, "attempts": d.attempts, "error": d.error,
+         "at": d.at}
+        for d in await store.dead_letters(thread_key, limit=1000)
+    ]
+    return {"thread_key": thread_key, "dead_letters": rows, "retried": retried, "purged": purged}
 
 
 def _print_report(report: ThreadReport, out: TextIO) -> None:
@@ -242,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_threads.add_argument(
         "--limit", type=int, default=100, help="list at most N threads (default: 100)"
     )
+    p_receipt = sub.add_parser("receipt", parents=[common], help="what became of one signal")
+    p_receipt.add_argument("thread_key", metavar="THREAD_KEY")
+    p_receipt.add_argument("signal_id", metavar="SIGNAL_ID")
+    p_dead = sub.add_parser(
+        "dead-letters", parents=[common], help="signals that failed max_attempts deliveries"
+    )
+    p_dead.add_argument("thread_key", metavar="THREAD_KEY")
+    action = p_dead.add_mutually_exclusive_group()
+    action.add_argument("--retry", nargs="+", default=[], metavar="ID",
+                        help="put these dead letters back into the inbox")
+    action.add_argument("--purge", action="store_true", help="delete every dead letter")
     return parser
 
 
@@ -256,12 +331,22 @@ async def _run(args: argparse.Namespace, client: redis.asyncio.Redis, out: TextI
                 print(json.dumps(report.to_dict()), file=out)
             else:
                 _print_report(report, out)
-        else:
+        elif args.command == "threads":
             rows = await list_threads(client, prefixes, limit=args.limit)
             if args.json:
                 print(json.dumps(rows), file=out)
             else:
                 _print_threads(rows, out)
+        elif args.command == "receipt":
+            found = await receipt_of(client, prefixes, args.thread_key, args.signal_id)
+            if found is None:
+                print(f"no receipt for {args.signal_id!r} on {args.thread_key!r}", file=sys.stderr)
+                raise _NotFound
+            print(json.dumps(found) if args.json else _describe_receipt(found), file=out)
+        else:
+            dead = await dead_letters(client, prefixes, args.thread_key, retry=args.retry,
+                                      purge=args.purge)
+            print(json.dumps(dead) if args.json else _describe_dead(dead), file=out)
     finally:
         await client.aclose()
 
@@ -274,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--redis-url is required (or set $REDIS_URL)")
     if args.command == "inspect" and not args.thread_key:
         parser.error("THREAD_KEY must be a non-empty string")
-    if args.limit < 0:
+    if getattr(args, "limit", 0) < 0:
         parser.error("--limit must be >= 0")
     url = _redact(args.redis_url)
     try:
@@ -284,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         anyio.run(_run, args, client, sys.stdout, backend="asyncio")
+    except _NotFound:
+        return EXIT_NOT_FOUND
     except Exception as exc:
         reason = _unavailable(exc)
         if reason is None:

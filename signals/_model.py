@@ -1,4 +1,4 @@
-"""Value types of the signal runtime: ``Signal``, ``Delivery`` and the routing policies."""
+"""Value types of the signal runtime: ``Signal``, ``Delivery``, ``Receipt`` and the policies."""
 
 from __future__ import annotations
 
@@ -8,44 +8,81 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-__all__ = ["Delivery", "IfActive", "IfIdle", "Outcome", "Signal"]
+from _signal_leases.errors import SignalTooLargeError
+from _signal_leases.validation import check_identifier, check_int
+
+__all__ = [
+    "DEFAULT_MAX_SIGNAL_BYTES",
+    "Delivery",
+    "EntryMode",
+    "IfActive",
+    "IfIdle",
+    "Outcome",
+    "Receipt",
+    "ReceiptStatus",
+    "Signal",
+    "encode_json",
+]
+
+#: The default limit on one encoded signal (and on one result or stream part): 1 MiB.
+DEFAULT_MAX_SIGNAL_BYTES = 1 << 20
 
 Outcome: TypeAlias = Literal["wake", "deliver", "queued", "discarded", "rejected"]
 """What ``send`` did: ``wake`` (this process won the lease and runs the agent), ``deliver``
-(handed to the active run, here or in the owner process), ``queued`` (kept for the next run),
-``discarded`` (dropped by policy), ``rejected`` (refused by policy: the thread is busy)."""
+(handed to the active run, here or in the owner process), ``queued`` (kept for the next run:
+behind the active run, or for a worker to pick up), ``discarded`` (dropped by policy, or a
+duplicate of a signal already accepted), ``rejected`` (refused by policy: the thread is busy)."""
 
 IfActive: TypeAlias = Literal["deliver", "queue", "discard", "reject"]
-IfIdle: TypeAlias = Literal["wake", "discard"]
+IfIdle: TypeAlias = Literal["wake", "enqueue", "discard"]
+EntryMode: TypeAlias = Literal["deliver", "queue"]
+"""``deliver``: give it to the active run. ``queue``: it starts a run of its own."""
+
+ReceiptStatus: TypeAlias = Literal["pending", "processed", "dead_lettered", "cancelled"]
+
+
+def encode_json(value: Any, what: str, limit: int | None = None) -> str:
+    """``value`` as compact ASCII JSON; ``TypeError`` if it is not JSON,
+    :class:`SignalTooLargeError` if the encoding is longer than ``limit`` bytes."""
+    try:
+        # ASCII output: any str (lone surrogates included) round-trips through Redis and back.
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what} must be JSON-serialisable: {exc}") from None
+    if limit is not None and len(encoded) > limit:
+        raise SignalTooLargeError(what, len(encoded), limit)
+    return encoded
 
 
 @dataclass(frozen=True, slots=True)
 class Signal:
     """One input for a thread.
 
-    ``id`` is the deduplication key (generated when absent): the runtime processes each id once
-    per thread. ``type`` is free-form (``user``, ``system``, ``notification``, ...). ``payload``
-    must be JSON-serialisable; a ``TypeError`` says so at construction. ``created_at`` is Unix
-    time in seconds.
+    ``id`` is the deduplication key (generated when absent): the runtime accepts each id once
+    per thread (within the receipt retention). ``type`` is free-form (``user``, ``system``,
+    ``notification``, ...). ``payload`` must be JSON-serialisable; a ``TypeError`` says so at
+    construction. ``created_at`` is Unix time in seconds.
+
+    Set by the runtime on the signals a run hands out (ignored on ``send``): ``attempt`` (1 on
+    the first delivery, +1 each time a run that had it failed, was cancelled or died before
+    acknowledging it) and ``mode`` (``deliver`` or ``queue``, from the sender's ``if_active``).
     """
 
     payload: Any = None
     type: str = "user"
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: float = field(default_factory=time.time)
+    attempt: int = field(default=1, compare=False)
+    mode: EntryMode = field(default="deliver", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise ValueError("signal type must be a non-empty string")
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError("signal id must be a non-empty string")
-        try:
-            json.dumps(self.payload, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"signal payload must be JSON-serialisable: {exc}") from None
+        check_identifier("signal id", self.id)
+        encode_json(self.payload, "signal payload")
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form."""
+        """The JSON form (what is stored; ``attempt`` and ``mode`` are not part of it)."""
         return {
             "id": self.id,
             "type": self.type,
@@ -53,14 +90,71 @@ class Signal:
             "created_at": self.created_at,
         }
 
+    def encode(self, limit: int | None = None) -> str:
+        """The stored JSON form; :class:`SignalTooLargeError` beyond ``limit`` bytes."""
+        return encode_json(self.to_dict(), f"signal {self.id!r}", limit)
+
     @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> Signal:
+    def from_dict(
+        cls, obj: dict[str, Any], *, attempt: int = 1, mode: EntryMode = "deliver"
+    ) -> Signal:
         """Inverse of :meth:`to_dict`."""
         return cls(
             payload=obj.get("payload"),
             type=obj["type"],
             id=obj["id"],
             created_at=float(obj["created_at"]),
+            attempt=attempt,
+            mode=mode,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What became of one accepted signal (see ``SignalRuntime.receipt`` and ``wait_for``).
+
+    ``status``: ``pending`` (accepted, not yet acknowledged), ``processed`` (a run acknowledged
+    it; ``result`` is what it passed to ``ack``), ``dead_lettered`` (it failed
+    ``max_attempts`` deliveries; ``error`` says what the last run raised, when known) or
+    ``cancelled`` (withdrawn before a run took it). ``run_id`` is the run that processed or
+    last had it. ``at`` is the Unix time of the last change.
+    """
+
+    signal_id: str
+    status: ReceiptStatus
+    run_id: str | None = None
+    result: Any = None
+    error: str | None = None
+    at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the status can no longer change (anything but ``pending``)."""
+        return self.status != "pending"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored JSON form (without the signal id, which is its key)."""
+        out: dict[str, Any] = {"status": self.status}
+        if self.run_id is not None:
+            out["run_id"] = self.run_id
+        if self.result is not None:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error
+        if self.at is not None:
+            out["at"] = self.at
+        return out
+
+    @classmethod
+    def from_dict(cls, signal_id: str, obj: dict[str, Any]) -> Receipt:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            signal_id=signal_id,
+            status=obj["status"],
+            run_id=obj.get("run_id"),
+            result=obj.get("result"),
+            error=obj.get("error"),
+            at=obj.get("at"),
         )
 
 
@@ -68,12 +162,27 @@ class Signal:
 class Delivery:
     """The result of :meth:`SignalRuntime.send`.
 
-    ``run_id`` is the run that has (or will get) the signal when known; ``owner`` is the lease
-    holder of the thread when known (a run id).
+    ``owner`` is the run that has (or will get) the signal when known: the thread's lease
+    holder. ``duplicate`` is ``True`` when the signal id was already accepted for this thread;
+    nothing was stored or started, and ``receipt`` is the original's receipt. ``backpressure``
+    is ``True`` when this process was full (``max_concurrent_runs``) and left the signal
+    queued for another worker or for recovery instead of starting a run.
     """
 
     outcome: Outcome
     signal_id: str
     thread_key: str
-    run_id: str | None = None
     owner: str | None = None
+    duplicate: bool = False
+    receipt: Receipt | None = None
+    backpressure: bool = False
+
+    @property
+    def run_id(self) -> str | None:
+        """The run that has or will get the signal (the same as ``owner``)."""
+        return self.owner
+
+
+def check_max_bytes(value: object) -> int:
+    """Validate a ``max_signal_bytes`` setting (at least 1 KiB)."""
+    return check_int("max_signal_bytes", value, minimum=1024)

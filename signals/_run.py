@@ -1,33 +1,37 @@
-"""``Run``: what the agent receives. It reads the thread's inbox and commits what it consumed."""
+"""``Run``: what the agent receives. It reads the thread's inbox and acknowledges explicitly."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
+
+from _signal_leases.aio import retry_unavailable
+
+from ._model import Signal, encode_json
+from ._store import Ack
 
 if TYPE_CHECKING:
-    from ._inbox import InboxEntry, SignalInbox
-    from ._model import Signal
+    from ._store import InboxEntry, SignalStore
 
 __all__ = ["Doorbell", "Run", "RunInfo"]
 
-#: How long a run waiting for follow-ups sleeps between inbox reads when no doorbell rings.
-POLL_INTERVAL_S = 0.25
-
-#: How many inbox entries a run reads ahead at once.
+#: How many inbox entries a run reads ahead at once, and how many bytes at most.
 READ_BATCH = 64
+READ_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:
     """A snapshot of the run this process has on a thread (see ``SignalRuntime.active_run``).
 
-    ``token`` is ``None`` until the run's lease keeper has entered (and always with the no-op
-    provider); ``started_at`` is Unix time in seconds; ``runs`` counts the runs of the chain
-    so far (1 for the run that woke the thread, +1 per handoff).
+    ``token`` is the fencing token of the run's lease (``None`` with the no-op provider);
+    ``started_at`` is Unix time in seconds; ``runs`` counts the runs of the chain so far (1 for
+    the run that woke the thread, +1 per handoff).
     """
 
     run_id: str
@@ -38,34 +42,59 @@ class RunInfo:
 
 
 class Doorbell:
-    """Wakes a run that waits for follow-ups. Rung by local senders and by pub/sub events."""
+    """Wakes a run that waits for input: rung by local senders and by store notices.
+
+    A ring is remembered until the next :meth:`wait` (so a ring between a read and the wait
+    is never lost). No task and no timer: an idle run costs an event object.
+    """
+
+    __slots__ = ("_event", "_rung")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._event: anyio.Event | None = None
+        self._rung = False
 
     def ring(self) -> None:
-        self._event.set()
+        self._rung = True
+        if self._event is not None:
+            self._event.set()
+
+    def take(self) -> bool:
+        """Consume a pending ring; ``True`` if there was one."""
+        rung, self._rung = self._rung, False
+        return rung
 
     async def wait(self, timeout: float) -> None:
-        """Return when rung (since the last wait) or after ``timeout`` seconds."""
-        event = self._event
-        with anyio.move_on_after(timeout):
-            await event.wait()
-        if event.is_set():
-            self._event = anyio.Event()
+        """Return at the next ring (or at once if one is pending), or after ``timeout`` s."""
+        if self._rung:
+            return
+        self._event = anyio.Event()
+        try:
+            with anyio.move_on_after(timeout):
+                await self._event.wait()
+        finally:
+            self._event = None
 
 
 class Run:
     """One run of the agent on a thread, holding the thread's lease.
 
     ``run_id`` is the lease owner; ``token`` the fencing token of the grant (``None`` with the
-    no-op provider): pass it to the storage you write to so a stale owner's writes are refused.
+    no-op provider): pass it to the storage you write to, so a stale owner's writes are refused.
 
-    Iterate the run (``async for signal in run``) to get the signal that woke it, then every
-    follow-up delivered while it runs. The iteration ends when no follow-up arrives within the
-    runtime's ``idle_wait_ms``, or at a signal sent with ``if_active="queue"`` (that one starts
-    the next run). A signal counts as processed when the agent asks for the next one or returns;
-    if the run is cancelled (lease lost) or the process dies first, the next owner gets it again.
+    Iterate the run (``async for signal in run``) or call :meth:`next_signal` to get the
+    thread's pending signals in order: the one that woke it, then follow-ups delivered while
+    it runs. The iteration ends when nothing arrives within the runtime's ``idle_wait_ms``, or
+    at a signal sent with ``if_active="queue"`` (that one starts the next run).
+
+    Commit is explicit: a signal handed out stays pending until :meth:`ack`, or until the
+    agent returns normally (then every signal handed out is acknowledged). Asking for the next
+    signal, or peeking with ``next_signal(timeout=0)``, commits nothing. If the agent raises,
+    is cancelled (lease lost, abort, timeout, shutdown) or its process dies, the next run gets
+    the unacknowledged signals again, with ``Signal.attempt`` increased.
+
+    While the backend is unreachable, reads and acknowledgements are retried (with backoff)
+    for as long as the run holds its lease; they never fail the agent on a transient outage.
     """
 
     def __init__(
@@ -74,31 +103,42 @@ class Run:
         run_id: str,
         thread_key: str,
         token: int | None,
-        inbox: SignalInbox,
-        first: InboxEntry,
+        store: SignalStore,
         doorbell: Doorbell,
         idle_wait_s: float,
-        poll_interval_s: float = POLL_INTERVAL_S,
+        max_attempts: int,
+        max_bytes: int,
+        on_dead_letter: Callable[[InboxEntry], None] | None = None,
+        on_fenced: Callable[[], None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.thread_key = thread_key
         self.token = token
-        self._inbox = inbox
+        self.interrupted = False
+        self._store = store
         self._doorbell = doorbell
         self._idle_wait_s = idle_wait_s
-        self._poll_s = poll_interval_s
-        self._first: InboxEntry | None = first
-        self._cursor: str = first.entry_id
-        self._inflight: str | None = first.entry_id
-        self._seen: set[str] = {first.signal.id}
-        self._stopped = False
+        self._max_attempts = max_attempts
+        self._max_bytes = max_bytes
+        self._on_dead_letter = on_dead_letter
+        self._on_fenced = on_fenced
+        self._primed: Signal | None = None
+        self._cursor: str | None = None
         self._buffer: deque[InboxEntry] = deque()
-        self.consumed = 0
+        self._unacked: dict[str, InboxEntry] = {}  # signal id -> entry, in hand-out order
+        self._stopped = False
+        self._more = True  # the inbox may hold entries this run has not read yet
+        self.handed: list[Signal] = []
 
     @property
-    def wake_signal(self) -> Signal | None:
-        """The signal that started this run, until the iteration has yielded it."""
-        return self._first.signal if self._first is not None else None
+    def consumed(self) -> int:
+        """How many signals this run has handed to the agent."""
+        return len(self.handed)
+
+    @property
+    def unacked(self) -> list[Signal]:
+        """Signals handed out and not yet acknowledged, in order."""
+        return [e.signal for e in self._unacked.values()]
 
     def __aiter__(self) -> Run:
         return self
@@ -111,51 +151,99 @@ class Run:
 
     async def next_signal(self, timeout: float | None = None) -> Signal | None:
         """The next signal for this run, or ``None`` when there is none within ``timeout``
-        seconds (default: the runtime's ``idle_wait_ms``) or the run reached a queued signal."""
-        if self._first is not None:
-            first, self._first = self._first, None
-            self.consumed += 1
-            return first.signal
-        await self.commit()
+        seconds (default: the runtime's ``idle_wait_ms``; ``0`` only looks), or when the run
+        reached a signal queued for a run of its own. Commits nothing."""
+        if self._primed is not None:
+            signal, self._primed = self._primed, None
+            return signal
         if self._stopped:
             return None
         wait_s = self._idle_wait_s if timeout is None else max(0.0, timeout)
         deadline = anyio.current_time() + wait_s
         while True:
-            if not self._buffer:  # read ahead in batches; only this run consumes the inbox
-                self._buffer.extend(
-                    await self._inbox.inbox_read(
-                        self.thread_key, after=self._cursor, limit=READ_BATCH
+            if not self._buffer and (self._more or self._doorbell.take()):
+                await self._read_ahead()
+            while self._buffer:
+                entry = self._buffer[0]
+                if entry.mode == "queue" and self.handed:
+                    self._stopped = True  # it starts the next run; leave it in the inbox
+                    return None
+                self._buffer.popleft()
+                self._cursor = entry.entry_id
+                attempt = entry.delivered or await retry_unavailable(
+                    lambda e=entry: self._store.deliver(  # type: ignore[misc]
+                        self.thread_key, e.entry_id, e.signal.id, self.run_id,
+                        max_attempts=self._max_attempts,
                     )
                 )
-            while self._buffer:
-                entry = self._buffer.popleft()
-                if entry.signal.id in self._seen:
-                    self._cursor = entry.entry_id
-                    await self._inbox.inbox_remove(self.thread_key, [entry.entry_id])
+                if attempt == -2:
+                    await self._fenced()
+                if attempt == 0:
+                    continue  # acknowledged, cancelled or dead-lettered meanwhile
+                if attempt < 0:
+                    if self._on_dead_letter is not None:
+                        self._on_dead_letter(entry)
                     continue
-                if entry.mode == "queue":
-                    self._stopped = True
-                    return None
-                self._cursor = entry.entry_id
-                self._inflight = entry.entry_id
-                self._seen.add(entry.signal.id)
-                self.consumed += 1
-                return entry.signal
+                signal = replace(entry.signal, attempt=attempt)
+                self._unacked[signal.id] = replace(entry, signal=signal, attempts=attempt)
+                self.handed.append(signal)
+                return signal
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 return None
-            await self._doorbell.wait(min(remaining, self._poll_s))
+            await self._doorbell.wait(remaining)
 
-    async def commit(self) -> None:
-        """Mark the signal last handed out as processed (the runtime calls this on return)."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None and self._first is None:
-            await self._inbox.inbox_remove(self.thread_key, [inflight])
-        elif inflight is not None:
-            self._inflight = inflight  # the wake signal was never handed out: keep it
+    async def prime(self) -> Signal | None:
+        """Hand out the first pending signal before the agent starts (the one that woke the
+        run): an agent that never reads still takes it (and commits it by returning)."""
+        self._primed = await self.next_signal(timeout=0)
+        return self._primed
 
-    async def commit_all(self) -> None:
-        """Commit at the end of a run: the wake signal counts as consumed even if never read."""
-        self._first = None
-        await self.commit()
+    async def _fenced(self) -> None:
+        """Another run holds the thread now: this one is cancelled (never returns normally)."""
+        if self._on_fenced is not None:
+            self._on_fenced()
+        await anyio.lowlevel.checkpoint()  # the cancellation lands here
+        raise RuntimeError(f"run {self.run_id} no longer holds thread {self.thread_key!r}")
+
+    async def _read_ahead(self) -> None:
+        """Read the next entries; the first is delivered to this run in the same call. Once a
+        read reached the end of the inbox, the next one waits for a ring (every signal
+        accepted for this thread rings the run's doorbell; a reconnect rings them all)."""
+        self._doorbell.take()
+        page = await retry_unavailable(
+            lambda: self._store.read(
+                self.thread_key, after=self._cursor, limit=READ_BATCH, max_bytes=READ_BYTES,
+                deliver_to=self.run_id, max_attempts=self._max_attempts,
+                skip_queued=bool(self.handed),
+            )
+        )
+        self._more = bool(getattr(page, "more", True))
+        self._buffer.extend(page)
+
+    async def ack(self, signal: Signal | str, result: Any = None) -> None:
+        """Acknowledge ``signal`` (or its id): it leaves the inbox for good and its receipt
+        becomes ``processed`` with ``result`` (JSON, at most the runtime's
+        ``max_signal_bytes``). Acknowledging twice is a no-op."""
+        signal_id = signal.id if isinstance(signal, Signal) else signal
+        entry = self._unacked.get(signal_id)
+        if entry is None:
+            if any(s.id == signal_id for s in self.handed):
+                return  # acknowledged before
+            raise ValueError(f"signal {signal_id!r} was not handed to this run")
+        encoded = None if result is None else encode_json(
+            result, f"result of signal {signal_id!r}", self._max_bytes
+        )
+        acks = [Ack(entry.entry_id, signal_id, self.run_id, encoded)]
+        if not await retry_unavailable(lambda: self._store.ack(self.thread_key, acks)):
+            await self._fenced()
+        self._unacked.pop(signal_id, None)
+
+    async def ack_all(self) -> None:
+        """Acknowledge every signal handed out and not yet acknowledged (the runtime calls
+        this when the agent returns normally)."""
+        if self._unacked:
+            acks = [Ack(e.entry_id, sid, self.run_id) for sid, e in self._unacked.items()]
+            if not await retry_unavailable(lambda: self._store.ack(self.thread_key, acks)):
+                await self._fenced()
+            self._unacked.clear()

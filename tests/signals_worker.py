@@ -56,6 +56,7 @@ async def _run(args: argparse.Namespace) -> None:
                 await anyio.sleep_forever()
             await anyio.sleep(args.work_ms / 1000)
             await record.rpush(f"{args.prefix}:processed", f"{signal.id} {run.run_id} {pid}")
+            await run.ack(signal)
 
     pubsub = RedisStreamsPubSub(url=args.redis_url, key_prefix=args.prefix, block_ms=200)
     async with pubsub, SignalRuntime(

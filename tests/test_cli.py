@@ -14,7 +14,7 @@ import pytest
 
 from leases import RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
-from signals import EntryMode, RedisSignalInbox, Run, Signal, SignalRuntime
+from signals import EntryMode, RedisSignalStore, Run, Signal, SignalRuntime
 from signals._cli import Prefixes, _redact, main
 from tests._redis_server import free_port
 
@@ -49,24 +49,22 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 async def parts(
     redis_client: redis.asyncio.Redis, key_prefix: str
-) -> AsyncIterator[tuple[RedisLeaseProvider, RedisSignalInbox]]:
-    """The lease provider and inbox exactly as the runtime builds them on RedisStreamsPubSub."""
+) -> AsyncIterator[tuple[RedisLeaseProvider, RedisSignalStore]]:
+    """The lease provider and store exactly as the runtime builds them on RedisStreamsPubSub."""
     prefixes = Prefixes.for_pubsub(key_prefix)
-    yield (
-        RedisLeaseProvider(client=redis_client, key_prefix=prefixes.lease),
-        RedisSignalInbox(client=redis_client, key_prefix=prefixes.inbox),
-    )
+    leases = RedisLeaseProvider(client=redis_client, key_prefix=prefixes.lease)
+    yield leases, RedisSignalStore(client=redis_client, key_prefix=prefixes.inbox, leases=leases)
 
 
 async def test_inspect_shows_lease_and_queued_signals(
-    parts: tuple[RedisLeaseProvider, RedisSignalInbox], redis_url: str, key_prefix: str
+    parts: tuple[RedisLeaseProvider, RedisSignalStore], redis_url: str, key_prefix: str
 ) -> None:
     leases, inbox = parts
     grant = await leases.acquire_lease("t-1", "run-abc", 60_000)
     assert grant.acquired
     for i in range(3):
         mode: EntryMode = "queue" if i == 2 else "deliver"
-        await inbox.inbox_append("t-1", Signal({"i": i}, type="user", id=f"sig-{i}"), mode)
+        await inbox.accept("t-1", Signal({"i": i}, type="user", id=f"sig-{i}"), mode)
 
     text = cli("inspect", "t-1", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert text.returncode == 0, text.stderr
@@ -142,12 +140,12 @@ async def test_inspect_free_thread(redis_url: str, key_prefix: str) -> None:
 
 
 async def test_threads_lists_threads_with_pending_signals(
-    parts: tuple[RedisLeaseProvider, RedisSignalInbox], redis_url: str, key_prefix: str
+    parts: tuple[RedisLeaseProvider, RedisSignalStore], redis_url: str, key_prefix: str
 ) -> None:
     leases, inbox = parts
-    await inbox.inbox_append("a", Signal("x"), "deliver")
-    await inbox.inbox_append("b", Signal("y"), "deliver")
-    await inbox.inbox_append("b", Signal("z"), "queue")
+    await inbox.accept("a", Signal("x"), "deliver")
+    await inbox.accept("b", Signal("y"), "deliver")
+    await inbox.accept("b", Signal("z"), "queue")
     await leases.acquire_lease("b", "run-b", 60_000)
 
     result = cli("threads", "--redis-url", redis_url, "--key-prefix", key_prefix, "--json")
@@ -206,3 +204,28 @@ def test_console_script_runs() -> None:
     assert result.returncode == 2 and "cannot reach Redis" in result.stderr, result
     usage = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 0 and usage.stdout.startswith("usage: signals-inspect"), usage
+
+
+async def test_receipt_and_dead_letters(
+    parts: tuple[RedisLeaseProvider, RedisSignalStore], redis_url: str, key_prefix: str
+) -> None:
+    _, store = parts
+    await store.accept("t", Signal("x", id="poison"), "deliver")
+    [entry] = await store.read("t")
+    await store.note_failure("t", ["poison"], "ValueError: nope")
+    assert await store.deliver("t", entry.entry_id, "poison", "r1/1", max_attempts=0) == -1
+    base = ["--redis-url", redis_url, "--key-prefix", key_prefix]
+    receipt = cli("receipt", "t", "poison", *base, "--json")
+    assert receipt.returncode == 0, receipt.stderr
+    assert json.loads(receipt.stdout)["status"] == "dead_lettered"
+    assert cli("receipt", "t", "never-sent", *base).returncode == 3
+    listed = json.loads(cli("dead-letters", "t", *base, "--json").stdout)
+    rows = [(d["id"], d["error"]) for d in listed["dead_letters"]]
+    assert rows == [("poison", "ValueError: nope")]
+    retried = json.loads(cli("dead-letters", "t", "--retry", "poison", *base, "--json").stdout)
+    assert retried["retried"] == ["poison"] and retried["dead_letters"] == []
+    assert await store.pending_count("t") == 1
+    assert await store.deliver("t", (await store.read("t"))[0].entry_id, "poison", "r2/1",
+                               max_attempts=0) == -1
+    purged = cli("dead-letters", "t", "--purge", *base)
+    assert purged.returncode == 0 and "purged: 1" in purged.stdout

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 import leases
+import pubsub
 from leases import LeaseProvider
 from leases.testing import LeaseProviderConformance
+from pubsub import PubSub
 from pubsub.testing import PubSubConformance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +41,20 @@ class TestCustomLeases(LeaseProviderConformance):
 
 def test_detected_structurally() -> None:
     backend = LogBackend()
+    typed: PubSub = backend  # mypy checks the class against the protocol
+    assert pubsub.is_pubsub(typed)
     assert leases.is_lease_provider(backend)
     assert leases.resolve_lease_provider(backend) is backend
+
+
+@pytest.mark.anyio
+async def test_the_base_class_validates_and_shares_extensions() -> None:
+    async with LogBackend() as backend:
+        with pytest.raises(TypeError, match="handler"):
+            await backend.subscribe("t", "not callable")  # type: ignore[arg-type]
+        store = backend.extension("store", lambda: {"built": 1})
+        assert backend.extension("store", lambda: {"built": 2}) is store
+        assert store == {"built": 1}
 
 
 def test_demo_runs() -> None:

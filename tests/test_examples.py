@@ -33,7 +33,7 @@ def check_agent_transcript(out: str) -> None:
     assert re.search(r"agent run#1 \(token \S+\) got user\s+\"hello\"", out), out
     assert re.search(r"send .*'and another thing'.* -> deliver .*to the active run#1", out), out
     assert re.search(r"agent run#1 \(token \S+\) got user\s+\"and another thing\"", out), out
-    assert "duplicate id 'msg-2': accepted, stored and processed once" in out, out
+    assert "duplicate id 'msg-2': nothing stored, processed once" in out, out
     assert re.search(r"send .*if_active='queue'.* -> queued .*kept for the next run", out), out
     assert "lease handoff run#1 -> run#2 by transfer_lease" in out, out
     assert re.search(r"agent run#2 \(token \S+\) got task\s+\"summarise the conversation\"", out)

@@ -42,11 +42,8 @@ class TestInMemoryPubSubSmallCap(TestInMemoryPubSub):
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # redis-py is asyncio-only
 class TestRedisStreamsPubSub(PubSubConformance):
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        return "asyncio"
-
     @pytest.fixture
     async def pubsub(self, redis_url: str, key_prefix: str) -> AsyncIterator[PubSub]:
         backend_cls = _redis_backend_class()

@@ -5,10 +5,13 @@ Runs on asyncio and trio (anyio's default parametrisation).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import anyio
 import pytest
 import structlog.testing
 
+import leases
 from pubsub import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
     Event,
@@ -16,6 +19,7 @@ from pubsub import (
     InMemoryPubSub,
     PubSub,
     PubSubClosedError,
+    is_pubsub,
 )
 from pubsub.testing import Recorder
 
@@ -37,6 +41,10 @@ def test_constructor_validates() -> None:
     with pytest.raises(ValueError, match="retain"):
         InMemoryPubSub(retain=-1)
     assert isinstance(InMemoryPubSub(), PubSub)
+    typed: PubSub = InMemoryPubSub()  # mypy checks the class against the protocol
+    assert is_pubsub(typed)
+    assert not is_pubsub(InMemoryPubSub), "a class is not a pub/sub"
+    assert not is_pubsub("redis://localhost")
 
 
 async def test_use_before_entering_is_refused_clearly() -> None:
@@ -50,11 +58,16 @@ async def test_use_before_entering_is_refused_clearly() -> None:
 async def test_entered_once_and_closed_after_exit() -> None:
     ps = InMemoryPubSub()
     async with ps:
-        with pytest.raises(PubSubClosedError):
+        # anyio.AsyncContextManagerMixin refuses a nested entry itself, with a RuntimeError
+        # (PubSubClosedError is one too).
+        with pytest.raises(RuntimeError, match="entered"):
             async with ps:
                 pass
     with pytest.raises(PubSubClosedError, match="closed"):
         await ps.publish("t", Event("e"))
+    with pytest.raises(PubSubClosedError, match="entered once"):
+        async with ps:
+            pass
 
 
 async def test_earliest_replays_only_the_last_retain_events() -> None:
@@ -173,8 +186,8 @@ def test_constructor_rejects_bad_types() -> None:
         InMemoryPubSub(max_delivery_attempts=True)
     with pytest.raises(TypeError, match="max_delivery_attempts"):
         InMemoryPubSub(max_delivery_attempts="5")  # type: ignore[arg-type]
-    for bad in (True, 1.5, "10"):
-        with pytest.raises(ValueError, match="retain"):
+    for bad in (True, 1.5, "10"):  # the library's one rule: a wrong type is a TypeError
+        with pytest.raises(TypeError, match="retain"):
             InMemoryPubSub(retain=bad)  # type: ignore[arg-type]
     assert InMemoryPubSub().max_delivery_attempts == DEFAULT_MAX_DELIVERY_ATTEMPTS
     assert InMemoryPubSub(max_delivery_attempts=1).max_delivery_attempts == 1
@@ -237,3 +250,36 @@ async def test_nothing_dropped_when_handlers_succeed() -> None:
             await ps.publish("t", Event("e", 1))
             await _until(lambda: got.data == [1])
     assert [entry for entry in logs if entry["log_level"] == "warning"] == []
+
+
+async def test_extension_is_one_object_per_name_and_instance() -> None:
+    first, second = InMemoryPubSub(), InMemoryPubSub()
+    built: list[str] = []
+
+    def factory(name: str) -> Callable[[], dict[str, str]]:
+        def build() -> dict[str, str]:
+            built.append(name)
+            return {"name": name}
+
+        return build
+
+    store = first.extension("signals.store", factory("a"))
+    assert first.extension("signals.store", factory("b")) is store
+    assert first.extension("other", factory("c")) is not store
+    assert second.extension("signals.store", factory("d")) is not store
+    assert built == ["a", "c", "d"], "a factory runs once per name and instance"
+    with pytest.raises(TypeError, match="name"):
+        first.extension(1, factory("e"))  # type: ignore[arg-type]
+
+
+async def test_it_owns_one_in_memory_lease_provider() -> None:
+    ps = InMemoryPubSub()
+    provider = ps.get_lease_provider()
+    assert isinstance(provider, leases.InMemoryLeaseProvider)
+    assert ps.get_lease_provider() is provider
+    assert leases.resolve_lease_provider(ps) is provider
+    assert not leases.is_lease_provider(ps)
+    assert InMemoryPubSub().get_lease_provider() is not provider
+    first = await provider.acquire_lease("thread", "runtime-a", 5000)
+    second = await leases.resolve_lease_provider(ps).acquire_lease("thread", "runtime-b", 5000)
+    assert first.acquired and not second.acquired and second.owner == "runtime-a"

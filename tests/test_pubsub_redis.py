@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +15,27 @@ import anyio
 import pytest
 import redis.asyncio
 import structlog.testing
+from anyio.abc import Process
 
 import leases
-from pubsub import Event, PubSubClosedError, RedisStreamsPubSub, UnsupportedBackendError
+from pubsub import (
+    BackendPermanentError,
+    BackendUnavailableError,
+    Event,
+    PubSub,
+    PubSubClosedError,
+    RedisStreamsPubSub,
+    is_pubsub,
+)
 from pubsub.testing import Recorder
-from tests._redis_server import RedisServer, redis_server_binary
+from tests._redis_server import RedisServer, free_port, redis_server_binary
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.redis,
+    pytest.mark.parametrize("anyio_backend", ["asyncio"]),  # redis-py is asyncio-only
+]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
@@ -38,7 +47,7 @@ async def raw(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
         await client.aclose()
 
 
-async def _wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 10) -> None:
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 10) -> None:
     with anyio.fail_after(timeout):
         while not await predicate():  # noqa: ASYNC110 - polls Redis, not a local flag
             await anyio.sleep(0.02)
@@ -54,12 +63,14 @@ def _has(items: list[Any], value: Any) -> Callable[[], Awaitable[bool]]:
 # -- crash, restart -------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-async def test_sigkilled_consumer_pending_events_are_reclaimed(
-    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
-) -> None:
+@asynccontextmanager
+async def kill_worker(
+    redis_url: str, key_prefix: str, mode: str = "group"
+) -> AsyncIterator[tuple[Process, str]]:
+    """Run ``tests.pubsub_kill_worker`` in ``mode``; yield it and its ready line once it is
+    ready; at exit kill it if it still runs, and reap it."""
     worker = await anyio.open_process(
-        [sys.executable, "-m", "tests.pubsub_kill_worker", redis_url, key_prefix],
+        [sys.executable, "-m", "tests.pubsub_kill_worker", redis_url, key_prefix, mode],
         cwd=ROOT, stderr=None, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
@@ -68,7 +79,27 @@ async def test_sigkilled_consumer_pending_events_are_reclaimed(
             line = b""
             while not line.endswith(b"\n"):
                 line += await worker.stdout.receive(1)
-        assert line.strip() == b"ready"
+        yield worker, line.decode().strip()
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            with anyio.move_on_after(10):
+                await worker.wait()
+        await worker.aclose()
+
+
+async def sigkill(worker: Process) -> None:
+    os.kill(worker.pid, signal.SIGKILL)
+    with anyio.fail_after(10):
+        await worker.wait()
+
+
+@pytest.mark.slow
+async def test_sigkilled_consumer_pending_events_are_reclaimed(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    async with kill_worker(redis_url, key_prefix) as (worker, ready):
+        assert ready == "ready"
         async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as publisher:
             ids = [
                 await publisher.publish("t", Event("e", "ok" if i else "block")) for i in range(5)
@@ -77,10 +108,8 @@ async def test_sigkilled_consumer_pending_events_are_reclaimed(
         async def started() -> bool:
             return bool(await raw.llen(f"{key_prefix}:started"))
 
-        await _wait_for(started)
-        os.kill(worker.pid, signal.SIGKILL)
-        with anyio.fail_after(10):
-            await worker.wait()
+        await wait_for(started)
+        await sigkill(worker)
 
         got: dict[str, int] = {}
 
@@ -97,14 +126,16 @@ async def test_sigkilled_consumer_pending_events_are_reclaimed(
                 handled = set(await raw.lrange(f"{key_prefix}:handled", 0, -1))
                 return handled | set(got) >= set(ids)
 
-            await _wait_for(all_done)
-            pending: Any = await raw.xpending(survivor.stream_key("t"), "g")
-    finally:
-        if worker.returncode is None:
-            worker.kill()
-            with anyio.move_on_after(10):
-                await worker.wait()
-        await worker.aclose()
+            await wait_for(all_done)
+            pending: Any = {}
+
+            async def acked() -> bool:  # the XACK follows the handler's return
+                nonlocal pending
+                pending = await raw.xpending(survivor.stream_key("t"), "g")
+                return bool(pending["pending"] == 0)
+
+            with anyio.move_on_after(5):
+                await wait_for(acked)
     assert ids[0] in got, "the event the dead consumer was handling is delivered again"
     assert got[ids[0]] >= 2
     assert pending["pending"] == 0
@@ -123,14 +154,14 @@ async def test_reconnects_after_restart_without_losing_events(key_prefix: str) -
         async with RedisStreamsPubSub(url=server.url, key_prefix=key_prefix, block_ms=100) as ps:
             sub = await ps.subscribe("t", handler, group="g")
             await ps.publish("t", Event("e", "before"))
-            await _wait_for(_has(got, "before"))
+            await wait_for(_has(got, "before"))
             await sub.close()
             await ps.publish("t", Event("e", "while-away"))  # accepted, not yet consumed
             server.restart()
             await ps.subscribe("t", handler, group="g")
             await ps.publish("t", Event("e", "after"))
-            await _wait_for(_has(got, "after"), timeout=20)
-            await _wait_for(_has(got, "while-away"))
+            await wait_for(_has(got, "after"), timeout=20)
+            await wait_for(_has(got, "while-away"))
     assert sorted(got) == ["after", "before", "while-away"]
 
 
@@ -142,10 +173,10 @@ async def test_a_deleted_stream_is_recreated_with_its_groups(
         await ps.subscribe("t", fan)
         await ps.subscribe("t", grouped, group="g")
         await ps.publish("t", Event("e", 1))
-        await _wait_for(lambda: _true(len(fan.events) == 1 and len(grouped.events) == 1))
+        await wait_for(lambda: _true(len(fan.events) == 1 and len(grouped.events) == 1))
         await ps.redis_client.delete(ps.stream_key("t"))  # as if the idle TTL expired
         await ps.publish("t", Event("e", 2))
-        await _wait_for(lambda: _true(2 in fan.data and 2 in grouped.data))
+        await wait_for(lambda: _true(2 in fan.data and 2 in grouped.data))
     assert fan.data == [1, 2]
     assert grouped.data == [1, 2]
 
@@ -181,7 +212,7 @@ async def test_one_reader_connection_serves_every_subscription(
         for i in range(20):
             await ps.publish(f"topic-{i}", Event("e", i))
         await ps.publish("shared", Event("e", "shared"))
-        await _wait_for(lambda: _true(len(got.events) == 23))
+        await wait_for(lambda: _true(len(got.events) == 23))
         clients: Any = await ps.redis_client.client_list()
         readers = [c for c in clients if c.get("name", "").startswith(f"{key_prefix}:reader:")]
     assert len(readers) == 1
@@ -197,11 +228,25 @@ async def test_a_new_subscription_does_not_wait_out_a_blocked_read(
         await ps.subscribe("busy", got)  # same fan-out group, a stream the read does not cover
         await ps.publish("busy", Event("e", "now"))
         with anyio.fail_after(20):  # far below block_ms: CLIENT UNBLOCK ended the read
-            await _wait_for(lambda: _true(got.data == ["now"]))
+            await wait_for(lambda: _true(got.data == ["now"]))
         await ps.subscribe("other", got, group="g")  # a second group name: short blocks
         await ps.publish("other", Event("e", "then"))
         with anyio.fail_after(20):
-            await _wait_for(lambda: _true(got.data == ["now", "then"]))
+            await wait_for(lambda: _true(got.data == ["now", "then"]))
+
+
+async def test_subscriptions_made_back_to_back_are_read_at_once(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A subscription that arrives while the reader is about to block (its read set already
+    built, its XREADGROUP not yet blocked on the server) is not left out for ``block_ms``."""
+    got = Recorder()
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=60_000) as ps:
+        await ps.subscribe("first", got)
+        await ps.subscribe("second", got)  # while the reader starts its first read
+        await ps.publish("second", Event("e", "now"))
+        with anyio.fail_after(5):  # far below block_ms
+            await wait_for(lambda: _true(got.data == ["now"]))
 
 
 async def test_fanout_groups_are_destroyed_on_close(redis_url: str, key_prefix: str) -> None:
@@ -239,10 +284,10 @@ async def test_a_busy_process_does_not_hoard_a_groups_entries(
             pending = await raw.xpending(a.stream_key("t"), "g")
             return len(fast_got.events) + _held(pending, "g:slow") >= 200
 
-        await _wait_for(refreshed)
+        await wait_for(refreshed)
         held = _held(pending, "g:slow")
         gate.set()
-        await _wait_for(lambda: _true(len(slow_got.events) + len(fast_got.events) >= 200))
+        await wait_for(lambda: _true(len(slow_got.events) + len(fast_got.events) >= 200))
     assert held <= 33, f"the blocked process holds {held} entries"
     assert sorted(e.id for e in slow_got.events + fast_got.events) == sorted(ids)
 
@@ -309,7 +354,7 @@ async def test_the_redis_delivery_count_carries_the_cap(
                 info: Any = await raw.xpending(stream, "g")
                 return bool(info["pending"] == 0)
 
-            await _wait_for(settled)
+            await wait_for(settled)
     dropped = [e for e in logs if e["event"] == "pubsub.event_dropped"]
     if count < 3:
         assert [e.delivery_attempt for e in got.events] == [count + 1]
@@ -349,13 +394,13 @@ async def test_malformed_entries_are_skipped_and_acked(
         await raw.xadd(ps.stream_key("t"), {"event": "{not json"})
         await raw.xadd(ps.stream_key("t"), {"other": "field"})
         await ps.publish("t", Event("e", "fine"))
-        await _wait_for(lambda: _true(got.data == ["fine"]))
+        await wait_for(lambda: _true(got.data == ["fine"]))
 
         async def settled() -> bool:
             info: Any = await raw.xpending(ps.stream_key("t"), "g")
             return bool(info["pending"] == 0)
 
-        await _wait_for(settled)
+        await wait_for(settled)
     assert got.data == ["fine"]
 
 
@@ -387,7 +432,7 @@ async def test_dead_processes_fanout_groups_and_consumers_are_swept(
             consumers = {c["name"] for c in await raw.xinfo_consumers(stream, "g")}
             return "fanout:dead" not in names and "g:dead" not in consumers
 
-        await _wait_for(swept)
+        await wait_for(swept)
         names = {g["name"] for g in await raw.xinfo_groups(stream)}
         consumers = {c["name"] for c in await raw.xinfo_consumers(stream, "g")}
     assert {"fanout:alive", "fanout:host:1", f"fanout:{ps.process_id}", "g"} <= names
@@ -397,20 +442,26 @@ async def test_dead_processes_fanout_groups_and_consumers_are_swept(
 # -- the lease provider, errors ---------------------------------------------------------------
 
 
-async def test_is_a_lease_provider_on_the_same_connection(redis_url: str, key_prefix: str) -> None:
+async def test_its_lease_provider_shares_the_connection(redis_url: str, key_prefix: str) -> None:
     async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as ps:
-        assert leases.is_lease_provider(ps)
-        assert leases.resolve_lease_provider(ps) is ps
-        first = await ps.acquire_lease("k", "a", 5000)
+        provider = ps.get_lease_provider()
+        assert provider is ps.get_lease_provider(), "one provider per pub/sub"
+        assert not leases.is_lease_provider(ps), "no lease methods copied onto the pub/sub"
+        assert leases.is_lease_provider(provider)
+        assert leases.resolve_lease_provider(ps) is provider
+        assert provider.client is ps.redis_client
+        assert provider.key_prefix == f"{ps.key_prefix}:lease"
+        first = await provider.acquire_lease("k", "a", 5000)
         assert first.acquired and first.token is not None
-        assert await ps.get_lease_owner("k") == "a"
-        info = await ps.lease_info("k")
+        assert await provider.get_lease_owner("k") == "a"
+        info = await provider.lease_info("k")
         assert info is not None and info.owner == "a"
-        assert await ps.renew_lease("k", "a", 5000)
-        assert await ps.transfer_lease("k", "a", "b", 5000)
-        await ps.release_lease("k", "b")
-        assert await ps.get_lease_owner("k") is None
-        assert await ps.redis_client.exists(f"{ps.key_prefix}:lease:k") == 0
+        assert await ps.redis_client.exists(provider.keys.lease("k")) == 1
+        assert await provider.renew_lease("k", "a", 5000)
+        assert await provider.transfer_lease("k", "a", "b", 5000)
+        await provider.release_lease("k", "b")
+        assert await provider.get_lease_owner("k") is None
+        assert await ps.redis_client.exists(provider.keys.lease("k")) == 0
 
 
 async def test_publish_works_without_entering(redis_url: str, key_prefix: str) -> None:
@@ -427,7 +478,10 @@ async def test_a_given_client_is_not_closed(redis_url: str, key_prefix: str) -> 
     client = redis.asyncio.Redis.from_url(redis_url)
     try:
         async with RedisStreamsPubSub(client=client, key_prefix=key_prefix) as ps:
+            typed: PubSub = ps  # mypy checks the class against the protocol
+            assert is_pubsub(typed)
             assert ps.redis_client is client
+            assert ps.get_lease_provider().client is client
         assert await client.ping()
     finally:
         await client.aclose()
@@ -455,13 +509,54 @@ async def test_errors_are_clear(redis_url: str, key_prefix: str) -> None:
         await RedisStreamsPubSub(url="redis://127.0.0.1:1/0").publish("t", Event("e"))
 
 
-def test_trio_is_refused_clearly() -> None:
-    async def main() -> None:
-        ps = RedisStreamsPubSub(url="redis://127.0.0.1:1/0")
-        with pytest.raises(UnsupportedBackendError, match="asyncio"):
-            await ps.publish("t", Event("e"))
-        with pytest.raises(UnsupportedBackendError, match="asyncio"):
-            async with ps:
+async def test_configuration_errors_are_permanent_and_outages_unavailable(
+    private_redis_server: RedisServer, key_prefix: str
+) -> None:
+    """A wrong password, a missing password, a missing ACL permission or a wrong database is
+    ``BackendPermanentError`` (retrying won't help); an unreachable server is
+    ``BackendUnavailableError``, and never the other way round."""
+    port = private_redis_server.port
+    async with redis.asyncio.Redis.from_url(private_redis_server.url) as unauthenticated:
+        await unauthenticated.config_set("requirepass", "secret")
+    admin = redis.asyncio.Redis.from_url(f"redis://:secret@127.0.0.1:{port}/0")
+    await admin.acl_setuser(
+        "limited", enabled=True, passwords=["+pw"], keys=["*"],
+        commands=["+@all", "-xadd"],
+    )
+    try:
+        refused = {
+            "wrong password": f"redis://:wrong@127.0.0.1:{port}/0",
+            "no password": f"redis://127.0.0.1:{port}/0",
+            "no ACL permission": f"redis://limited:pw@127.0.0.1:{port}/0",
+            "wrong database": f"redis://:secret@127.0.0.1:{port}/99",
+        }
+        for what, url in refused.items():
+            ps = RedisStreamsPubSub(url=url, key_prefix=key_prefix)
+            try:
+                with pytest.raises(BackendPermanentError, match="Redis refused") as caught:
+                    await ps.publish("t", Event("e"))
+            finally:
+                await ps.redis_client.aclose()
+            assert not isinstance(caught.value, BackendUnavailableError), what
+            if what != "no ACL permission":  # entering writes the liveness key with SET
+                with pytest.raises(BackendPermanentError):
+                    async with RedisStreamsPubSub(url=url, key_prefix=key_prefix):
+                        pass
+        good = RedisStreamsPubSub(url=f"redis://:secret@127.0.0.1:{port}/0", key_prefix=key_prefix)
+        async with good:
+            await good.publish("t", Event("e"))
+        unreachable = f"redis://127.0.0.1:{free_port()}/0"
+        down = RedisStreamsPubSub(url=unreachable)
+        try:
+            with pytest.raises(BackendUnavailableError) as unavailable:
+                await down.publish("t", Event("e"))
+        finally:
+            await down.redis_client.aclose()
+        assert not isinstance(unavailable.value, BackendPermanentError)
+        with pytest.raises(BackendUnavailableError):
+            async with RedisStreamsPubSub(url=unreachable):
                 pass
-
-    anyio.run(main, backend="trio")
+    finally:
+        await admin.acl_deluser("limited")
+        await admin.config_set("requirepass", "")
+        await admin.aclose()

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from leases import RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
-from signals import RedisSignalInbox, Run, Signal, SignalRuntime
+from signals import RedisSignalStore, Run, Signal, SignalRuntime
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -179,7 +179,7 @@ async def test_probe_never_sees_the_lease_free_during_handoffs(
     assert len(set(owners)) >= 2
 
 
-async def test_lease_lost_on_redis_cancels_the_run(redis_url: str, key_prefix: str) -> None:
+async def test_lost_session_on_redis_cancels_the_run(redis_url: str, key_prefix: str) -> None:
     cancelled = anyio.Event()
     started = anyio.Event()
 
@@ -192,19 +192,20 @@ async def test_lease_lost_on_redis_cancels_the_run(redis_url: str, key_prefix: s
                 cancelled.set()
 
     async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=100) as pubsub:
-        leases = RedisLeaseProvider(client=pubsub.redis_client, key_prefix=f"{key_prefix}:lease")
         with capture_logs() as logs:
             async with SignalRuntime(pubsub=pubsub, agent=agent, lease_ttl_ms=600) as runtime:
                 await runtime.send("t", Signal("x"))
                 with anyio.fail_after(5):
                     await started.wait()
-                await pubsub.redis_client.delete(leases.lease_key("t"))  # expire it by hand
+                # The session expires (as if this process had stalled past the TTL).
+                [session] = await pubsub.redis_client.keys(f"{key_prefix}:lease:session:*")
+                await pubsub.redis_client.delete(session)
                 with anyio.fail_after(5):
                     await cancelled.wait()
                     await runtime.wait_idle()
-        inbox = RedisSignalInbox(client=pubsub.redis_client, key_prefix=f"{key_prefix}:signals")
+        store = RedisSignalStore(client=pubsub.redis_client, key_prefix=f"{key_prefix}:signals")
         # The in-flight signal was not processed: it stays for the next owner.
-        assert await inbox.inbox_pending_count("t") == 1
+        assert await store.pending_count("t") == 1
     events = [entry["event"] for entry in logs]
     assert "lease.lost" in events
     assert "run.cancelled" in events
@@ -219,9 +220,10 @@ async def test_runtime_takes_leases_and_inbox_from_the_redis_pubsub(
 
     async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub:
         runtime = SignalRuntime(pubsub=pubsub, agent=agent)
-        assert runtime.leases is pubsub
-        assert isinstance(runtime.inbox, RedisSignalInbox)
+        assert runtime.leases is pubsub.get_lease_provider()
+        assert isinstance(runtime.inbox, RedisSignalStore)
         assert runtime.inbox.key_prefix == f"{key_prefix}:signals"
+        assert runtime.inbox.fuses_with(runtime.leases)
 
 
 async def test_unreachable_redis_is_a_clear_error() -> None:

@@ -1,0 +1,90 @@
+"""Small async helpers shared by the layers: the running-library check and a wakeable queue."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+import anyio
+
+from .errors import BackendUnavailableError, UnsupportedBackendError
+
+__all__ = ["WakeQueue", "current_async_library", "require_asyncio", "retry_unavailable"]
+
+T = TypeVar("T")
+
+
+def current_async_library() -> str | None:
+    """``"asyncio"``, ``"trio"``, or ``None`` outside any event loop (no sniffio needed)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return "asyncio"
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            pass
+        else:
+            return "trio"
+    return None
+
+
+def require_asyncio(what: str) -> None:
+    """Raise :class:`UnsupportedBackendError` unless running under asyncio (redis-py needs it)."""
+    library = current_async_library()
+    if library != "asyncio":
+        raise UnsupportedBackendError(
+            f"{what} needs asyncio (redis-py is asyncio-only), running under "
+            f"{library or 'no async library'}; use the in-memory backend or run on asyncio"
+        )
+
+
+class WakeQueue(Generic[T]):
+    """A FIFO with an awaitable ``get``; cancelling a waiter never loses an item."""
+
+    def __init__(self) -> None:
+        self._items: deque[T] = deque()
+        self._ready: anyio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: T) -> None:
+        self._items.append(item)
+        if self._ready is not None:
+            self._ready.set()
+            self._ready = None
+
+    def drain(self) -> list[T]:
+        """Remove and return every queued item."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    async def get(self) -> T:
+        while not self._items:
+            if self._ready is None:
+                self._ready = anyio.Event()
+            await self._ready.wait()
+        return self._items.popleft()
+
+
+async def retry_unavailable(
+    operation: Callable[[], Awaitable[T]], *, first_delay: float = 0.01, max_delay: float = 1.0
+) -> T:
+    """Await ``operation()`` until it does not raise :class:`BackendUnavailableError`, backing
+    off exponentially. Bound it from outside (a cancel scope: a lease guard, a timeout)."""
+    delay = first_delay
+    while True:
+        try:
+            return await operation()
+        except BackendUnavailableError:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, max_delay)

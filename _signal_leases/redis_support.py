@@ -1,0 +1,209 @@
+"""Redis plumbing for every layer: the client owner, the error mapper, reply decoders.
+
+:class:`RedisHandle` is the one "url or client" constructor of the library: given ``url`` it
+builds (and later closes) a client with bounded timeouts, few retries and a *blocking*
+connection pool (exhausting it waits instead of failing); given ``client`` it uses the
+caller's client and never closes it. :func:`map_errors` turns redis-py exceptions into the
+library's error tree, telling transient failures from permanent ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions as rex
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff, NoBackoff
+
+from .aio import require_asyncio
+from .errors import BackendPermanentError, BackendUnavailableError
+from .validation import check_int, check_seconds, check_str
+
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_SOCKET_TIMEOUT_S",
+    "UNAVAILABLE",
+    "RedisHandle",
+    "as_int",
+    "is_permanent",
+    "map_errors",
+    "reader_client",
+    "side_client",
+    "stream_id",
+    "text",
+]
+
+#: Socket read and connect timeout of clients built from a URL, in seconds.
+DEFAULT_SOCKET_TIMEOUT_S = 2.0
+#: Connections in the pool of a client built from a URL (callers wait beyond that).
+DEFAULT_MAX_CONNECTIONS = 32
+
+#: Errors that mean "not reachable now": the call may work later.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    rex.ConnectionError,
+    rex.TimeoutError,
+    rex.BusyLoadingError,
+    rex.ReadOnlyError,
+    rex.TryAgainError,
+    rex.ClusterDownError,
+    rex.OutOfMemoryError,
+    OSError,
+)
+
+_PERMANENT: tuple[type[BaseException], ...] = (
+    rex.AuthenticationError,
+    rex.AuthorizationError,
+    rex.AuthenticationWrongNumberOfArgsError,
+    rex.NoPermissionError,
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for a failure that retrying cannot fix (auth, ACL, wrong database, script error)."""
+    if isinstance(exc, _PERMANENT):
+        return True
+    if isinstance(exc, rex.ConnectionError) and "Invalid Database" in str(exc):
+        return True
+    # WRONGTYPE, script errors, "DB index is out of range", ...
+    return isinstance(exc, rex.ResponseError) and not isinstance(exc, UNAVAILABLE)
+
+
+@contextmanager
+def map_errors(operation: str) -> Iterator[None]:
+    """Run a Redis call; raise :class:`BackendPermanentError` or :class:`BackendUnavailableError`
+    (naming ``operation``) for redis-py's errors. Other exceptions pass unchanged."""
+    try:
+        yield
+    except (BackendUnavailableError, BackendPermanentError):
+        raise
+    except (rex.RedisError, OSError) as exc:
+        if is_permanent(exc):
+            raise BackendPermanentError(f"Redis refused {operation}: {exc}") from exc
+        if isinstance(exc, UNAVAILABLE):
+            raise BackendUnavailableError(f"Redis unavailable during {operation}: {exc}") from exc
+        raise
+
+
+def text(value: object) -> str:
+    """A reply value as ``str`` (clients with and without ``decode_responses``)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def as_int(value: object) -> int:
+    """A reply value as ``int``."""
+    if isinstance(value, bytes | str):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"unexpected integer reply from Redis: {value!r}")
+
+
+def stream_id(value: object) -> tuple[int, int]:
+    """``"1700000000000-3"`` -> ``(1700000000000, 3)``, for ordering entry ids."""
+    ms, _, seq = text(value).partition("-")
+    return int(ms), int(seq or 0)
+
+
+class RedisHandle:
+    """Who owns the Redis client: built here from ``url`` (and closed by :meth:`aclose`), or
+    the caller's ``client`` (never closed here). Give exactly one.
+
+    A client built from ``url`` gets ``socket_timeout`` as both its connect and read timeout,
+    at most one retry, and ``max_connections`` pooled connections that callers *wait* for (a
+    busy pool is latency, never an error). ``cluster=True`` builds a
+    ``redis.asyncio.RedisCluster`` instead (one such pool per node).
+    """
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        url: str | None = None,
+        client: Any = None,
+        cluster: bool = False,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ) -> None:
+        if (url is None) == (client is None):
+            raise TypeError(f"{what} needs exactly one of url= or client=")
+        self.what = what
+        self.socket_timeout = check_seconds("socket_timeout", socket_timeout, positive=True)
+        self.max_connections = check_int("max_connections", max_connections)
+        if not isinstance(cluster, bool):
+            raise TypeError(f"cluster must be a bool, got {type(cluster).__name__}")
+        if url is not None:
+            check_str("url", url)
+            self.owns_client = True
+            self.client = self._from_url(url, cluster)
+        else:
+            if not isinstance(client, redis.asyncio.Redis | redis.asyncio.RedisCluster):
+                raise TypeError(
+                    f"client must be a redis.asyncio.Redis or RedisCluster, got "
+                    f"{type(client).__name__}"
+                )
+            self.owns_client = False
+            self.client = client
+        self.cluster = isinstance(self.client, redis.asyncio.RedisCluster)
+
+    def _from_url(self, url: str, cluster: bool) -> Any:
+        common: dict[str, Any] = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.socket_timeout,
+            "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1),
+            "health_check_interval": 30,
+        }
+        try:
+            if cluster:
+                return redis.asyncio.RedisCluster.from_url(
+                    url, max_connections=self.max_connections, **common
+                )
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                url, max_connections=self.max_connections, timeout=self.socket_timeout * 5,
+                **common,
+            )
+        except ValueError as exc:
+            raise ValueError(f"url is not a valid Redis URL ({url!r}): {exc}") from None
+        return redis.asyncio.Redis.from_pool(pool)
+
+    def require_asyncio(self) -> None:
+        """Raise ``UnsupportedBackendError`` unless running on asyncio."""
+        require_asyncio(self.what)
+
+    async def aclose(self) -> None:
+        """Close the client if it was built here."""
+        if self.owns_client:
+            await self.client.aclose()
+
+
+def side_client(client: Any, *, name: str, connections: int = 2) -> Any:
+    """A client with ``client``'s connection settings but a small pool of its own, for calls
+    that must never queue behind the main pool (lease renewals). On a Cluster: ``client``."""
+    if isinstance(client, redis.asyncio.RedisCluster):
+        return client
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["client_name"] = name
+    side = redis.asyncio.BlockingConnectionPool(
+        connection_class=pool.connection_class, max_connections=connections, **kwargs
+    )
+    return redis.asyncio.Redis.from_pool(side)
+
+
+def reader_client(client: redis.asyncio.Redis, *, block_ms: int, name: str) -> redis.asyncio.Redis:
+    """A client for blocking reads on its own connection, with ``client``'s connection settings
+    but a socket timeout above ``block_ms`` and no retries (a retried blocking XREADGROUP can
+    hand entries to a connection that is then dropped)."""
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = block_ms / 1000 + 5
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs.pop("retry_on_timeout", None)
+    kwargs.pop("retry_on_error", None)
+    kwargs["client_name"] = name
+    reader_pool = redis.asyncio.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=2, **kwargs
+    )
+    return redis.asyncio.Redis.from_pool(reader_pool)

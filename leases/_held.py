@@ -1,0 +1,79 @@
+"""``HeldLease`` (a lease a heartbeat keeps alive, with its guards) and the safety margin."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from ._heartbeat import LeaseHeartbeat
+
+__all__ = ["HeldLease", "safety_margin_ms"]
+
+
+def safety_margin_ms(ttl_ms: int) -> float:
+    """How long before the server-side expiry a lease is given up locally, in ms.
+
+    ``2 ms + 1 %`` of the TTL (a 1 % clock-rate drift plus scheduling slack), capped at half
+    the TTL so very short leases still leave the body some time.
+    """
+    return min(2.0 + ttl_ms / 100, ttl_ms / 2)
+
+
+class HeldLease:
+    """A lease held through a :class:`LeaseHeartbeat`.
+
+    ``token`` is the fencing token of the grant. Guard work with ``with lease.guard():``: the
+    body is cancelled when the lease is lost (``lost`` becomes ``True``, ``lost_reason`` says
+    why). A lease that is released or transferred stops being renewed; its guards are left
+    alone.
+    """
+
+    __slots__ = (
+        "_heartbeat", "_scopes", "deadline", "key", "lost", "lost_reason", "owner", "token"
+    )
+
+    def __init__(
+        self, heartbeat: LeaseHeartbeat, key: str, owner: str, token: int | None, deadline: float
+    ) -> None:
+        self._heartbeat = heartbeat
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.deadline = deadline
+        self.lost = False
+        self.lost_reason: str | None = None
+        self._scopes: list[anyio.CancelScope] = []
+
+    @property
+    def held(self) -> bool:
+        """Still registered with the heartbeat and not lost."""
+        return not self.lost and self._heartbeat._held.get(self.key) is self
+
+    @contextmanager
+    def guard(self) -> Iterator[anyio.CancelScope]:
+        """Run the body in a cancel scope that is cancelled when this lease is lost."""
+        with anyio.CancelScope() as scope:
+            if self.lost:
+                scope.cancel(f"lease {self.key!r} lost: {self.lost_reason}")
+            self._scopes.append(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.remove(scope)
+
+    def cancel_guards(self, reason: str) -> None:
+        """Cancel every body this lease guards (without giving the lease up)."""
+        for scope in self._scopes:
+            scope.cancel(reason)
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost:
+            return
+        self.lost, self.lost_reason = True, reason
+        self.cancel_guards(f"lease {self.key!r} lost: {reason}")
+
+

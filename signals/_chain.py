@@ -1,0 +1,201 @@
+"""The runs of one thread in this process, one after another, under one lease.
+
+A chain is the only task a thread costs while it is active: it runs the agent inline, then
+either releases the thread (inbox empty) or hands the lease to the next run with
+``transfer_lease`` (the key is never free in between). Its run waits for input on a
+:class:`~signals._run.Doorbell`, rung by local senders and by the process's one notice
+listener: no polling, no subscription, no timer of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+import anyio
+import structlog
+
+from _signal_leases.aio import retry_unavailable
+
+from ._run import Doorbell, Run, RunInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from structlog.typing import FilteringBoundLogger
+
+    from leases._heartbeat import HeldLease
+
+    from ._routing import Backend
+    from ._store import InboxEntry
+
+__all__ = ["Chain", "ChainSettings", "RunEnd"]
+
+logger: FilteringBoundLogger = structlog.get_logger("signals")
+
+RunEnd: TypeAlias = Literal["finished", "failed", "cancelled"]
+_LOGGED_IDS = 20  # signal ids listed in a run's end line (the count is always there)
+
+
+class ChainSettings:
+    """What every chain of a runtime shares."""
+
+    def __init__(
+        self,
+        *,
+        agent: Callable[[Run], Awaitable[None]],
+        backend: Backend,
+        idle_wait_s: float,
+        max_attempts: int,
+        max_bytes: int,
+        run_timeout_s: float | None,
+        log: FilteringBoundLogger,
+    ) -> None:
+        self.agent = agent
+        self.backend = backend
+        self.idle_wait_s = idle_wait_s
+        self.max_attempts = max_attempts
+        self.max_bytes = max_bytes
+        self.run_timeout_s = run_timeout_s
+        self.log = log
+
+
+class Chain:
+    """The active runs of one thread in this process (see the module docstring)."""
+
+    def __init__(self, settings: ChainSettings, lease: HeldLease) -> None:
+        self.settings = settings
+        self.thread_key = lease.key
+        self.lease = lease
+        self.doorbell = Doorbell()
+        self.started_at = time.time()
+        self.runs = 0
+        self.run: Run | None = None
+        self._cancel_reason: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.lease.owner
+
+    def info(self) -> RunInfo:
+        return RunInfo(self.run_id, self.thread_key, self.lease.token, self.started_at, self.runs)
+
+    def cancel_run(self, reason: str, run_id: str | None = None) -> bool:
+        """Cancel the current run (only if it is ``run_id``, when given); the chain goes on."""
+        if run_id is not None and run_id != self.run_id:
+            return False
+        self._cancel_reason = reason
+        self.lease.cancel_guards(reason)
+        return True
+
+    async def serve(self, on_end: Callable[[Chain], None]) -> None:
+        """Run the agent until the thread is released or its lease lost."""
+        try:
+            while True:
+                end = await self._one_run()
+                if self._lost() or self._cancel_reason == "shutdown":
+                    return
+                next_lease = await self._finish()
+                if next_lease is None:
+                    if self._lost():
+                        self._log().warning("lease.lost", reason=self.lease.lost_reason)
+                    return
+                self.settings.log.info(
+                    "lease.handoff", key=self.thread_key, from_run_id=self.run_id,
+                    run_id=next_lease.owner, token=next_lease.token, after=end,
+                )
+                self.lease = next_lease
+        except Exception as exc:
+            self._log().error("run.chain_failed", error=repr(exc))
+            await self._give_up()
+        finally:
+            on_end(self)
+
+    async def _finish(self) -> HeldLease | None:
+        """``backend.finish``, retried through outages while the lease holds."""
+        lease = self.lease
+        result: HeldLease | None = None  # stays None if the lease is lost while retrying
+        with lease.guard():
+            result = await retry_unavailable(lambda: self.settings.backend.finish(lease))
+        return result
+
+    def _lost(self) -> bool:
+        return self.lease.lost
+
+    async def _give_up(self) -> None:
+        """Release the thread after an unexpected error, so another run (here after recovery,
+        or elsewhere) can go on with its inbox; the signals stay there."""
+        heartbeat = self.settings.backend.heartbeat
+        if heartbeat is None or self.lease.lost:
+            return
+        with anyio.move_on_after(2, shield=True):
+            try:
+                await heartbeat.release(self.lease)
+            except Exception as exc:
+                self._log().warning("lease.release_failed", error=repr(exc))
+
+    def _log(self) -> FilteringBoundLogger:
+        return self.settings.log.bind(
+            key=self.thread_key, run_id=self.run_id, owner=self.run_id, token=self.lease.token
+        )
+
+    def _fenced(self) -> None:
+        heartbeat = self.settings.backend.heartbeat
+        if heartbeat is not None:
+            heartbeat.lose(self.lease, "taken over by another run")
+
+    def _dead_lettered(self, entry: InboxEntry) -> None:
+        self._log().warning("signal.dead_lettered", signal_id=entry.signal.id,
+                            attempts=self.settings.max_attempts)
+
+    async def _one_run(self) -> RunEnd:
+        s = self.settings
+        lease = self.lease
+        self.runs += 1
+        self._cancel_reason = None
+        run = self.run = Run(
+            run_id=lease.owner, thread_key=self.thread_key, token=lease.token,
+            store=s.backend.store, doorbell=self.doorbell, idle_wait_s=s.idle_wait_s,
+            max_attempts=s.max_attempts, max_bytes=s.max_bytes,
+            on_dead_letter=self._dead_lettered, on_fenced=self._fenced,
+        )
+        log = self._log()
+        log.info("run.started", runs=self.runs)
+        end: RunEnd = "finished"
+        error: str | None = None
+        with lease.guard() as scope:
+            if s.run_timeout_s is not None:
+                scope.deadline = anyio.current_time() + s.run_timeout_s
+            try:
+                await run.prime()
+                await s.agent(run)
+                await run.ack_all()
+            except Exception as exc:
+                end, error = "failed", f"{type(exc).__name__}: {exc}"
+        if scope.cancelled_caught or (scope.cancel_called and end == "finished" and run.unacked):
+            end = "cancelled"
+        reason = (
+            f"lost lease ({lease.lost_reason})" if lease.lost
+            else self._cancel_reason or ("timeout" if end == "cancelled" else None)
+        )
+        ids = [sig.id for sig in run.handed]
+        fields = {"signals": len(ids), "signal_ids": ids[:_LOGGED_IDS]}
+        if end == "failed":
+            log.error("run.failed", error=error, unacked=len(run.unacked), **fields)
+            await self._note_failure(run, error or "")
+        elif end == "cancelled":
+            log.warning("run.cancelled", reason=reason, unacked=len(run.unacked), **fields)
+            await self._note_failure(run, f"cancelled: {reason}")
+        else:
+            log.info("run.finished", **fields)
+        return end
+
+    async def _note_failure(self, run: Run, error: str) -> None:
+        unacked = [sig.id for sig in run.unacked]
+        if not unacked or self.lease.lost:
+            return
+        with anyio.move_on_after(1, shield=True):
+            try:
+                await self.settings.backend.store.note_failure(self.thread_key, unacked, error)
+            except Exception as exc:
+                self._log().debug("signals.note_failure_failed", error=repr(exc))

@@ -1,0 +1,205 @@
+"""Lua scripts of :class:`~signals.RedisSignalStore`: one round trip per store call.
+
+Per-thread keys share the thread's hash tag (see ``_signal_leases.keys``). Scripts that also
+touch a cross-thread index (a pending-index shard, a runtime's thread set) take the flag
+``idx``: ``'1'`` on a standalone Redis, where one script may touch any key; ``'0'`` on a
+Cluster, where the Python side updates the index in a separate call, in a crash-safe order.
+
+Inbox entries have fields ``s`` (the signal JSON), ``m`` (mode) and ``i`` (signal id). The
+attempts hash holds ``<entry id>`` -> deliveries, ``<entry id>@`` -> the run it was last
+handed to, and ``e:<signal id>`` -> the last error a run reported for it. Receipts are JSON.
+
+Every script is safe to replay (redis-py may resend a command after a timeout).
+"""
+
+from __future__ import annotations
+
+from _signal_leases.lua import LEASE_FUNCTIONS
+
+__all__ = ["ACK", "CLAIM_PENDING", "DELIVER", "READ", "RELEASE_IF_IDLE", "ROUTE"]
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local at = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+"""
+
+#: KEYS: inbox, seen, receipts, lease, fence, pending shard, claimer's thread set.
+#: ARGV: 1 session prefix, 2 thread, 3 signal id, 4 signal JSON, 5 mode, 6 retention ms,
+#: 7 max receipts, 8 idle ttl ms, 9 claim owner ('' none), 10 claim ttl, 11 claim session,
+#: 12 sender runtime id, 13 notice channel prefix, 14 work channel, 15 wake workers '1'/'0',
+#: 16 idx, 17 index only '1'/'0' (accept without routing: always index the thread).
+#: Returns {fresh, entry id, original receipt (duplicates), owner, claimed, token}.
+ROUTE = LEASE_FUNCTIONS + _NOW + """
+local retention = tonumber(ARGV[6])
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - retention, 'LIMIT', 0, 100)
+for _, id in ipairs(old) do redis.call('HDEL', KEYS[3], id) end
+if #old > 0 then redis.call('ZREM', KEYS[2], unpack(old)) end
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[7])
+if over > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[2], math.min(over, 100))
+  for i = 1, #popped, 2 do redis.call('HDEL', KEYS[3], popped[i]) end
+end
+local owner = false
+if ARGV[17] ~= '1' then
+  local cur = lease_live(KEYS[4], ARGV[1])
+  if cur then owner = cur[1] end
+end
+if redis.call('ZSCORE', KEYS[2], ARGV[3]) then
+  return {0, false, redis.call('HGET', KEYS[3], ARGV[3]) or false, owner, 0, false}
+end
+redis.call('ZADD', KEYS[2], now, ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[3], '{"status":"pending","at":' .. at .. '}')
+local id = redis.call('XADD', KEYS[1], '*', 's', ARGV[4], 'm', ARGV[5], 'i', ARGV[3])
+local keep = math.max(tonumber(ARGV[8]), retention)
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], keep) end
+if ARGV[17] == '1' then
+  if ARGV[16] == '1' then redis.call('ZADD', KEYS[6], 'NX', now, ARGV[2]) end
+  return {1, id, false, false, 0, false}
+end
+if owner then
+  local rt = string.match(owner, '^(.*)/[^/]*$')
+  if rt and rt ~= ARGV[12] then
+    redis.call('PUBLISH', ARGV[13] .. rt, 'signal\\n' .. ARGV[2] .. '\\n' .. owner)
+  end
+  return {1, id, false, owner, 0, false}
+end
+if ARGV[9] ~= '' and session_alive(ARGV[1], ARGV[11]) then
+  local token = lease_grant(KEYS[4], KEYS[5], ARGV[9], ARGV[10], ARGV[11])
+  if ARGV[16] == '1' then redis.call('SADD', KEYS[7], ARGV[2]) end
+  return {1, id, false, ARGV[9], 1, token}
+end
+if ARGV[16] == '1' then redis.call('ZADD', KEYS[6], 'NX', now, ARGV[2]) end
+if ARGV[15] == '1' then redis.call('PUBLISH', ARGV[14], 'work\\n' .. ARGV[2]) end
+return {1, id, false, false, 0, false}
+"""
+
+# Fencing: with a session prefix given (not ''), refuse when another run holds the lease.
+# deliver_entry(K, id, fields, run, max, thread, idx, sp), K = {inbox, attempts, receipts,
+# dead, shard, lease}: count one hand-out to ``run``; returns the attempt, -1 when the entry
+# went to the dead letters instead, -2 when another run holds the lease.
+_DELIVER_FN = LEASE_FUNCTIONS + _NOW + """
+local function other_owner(lease, sp, run)
+  if sp == '' then return false end
+  local cur = lease_live(lease, sp)
+  return cur ~= nil and cur[1] ~= run
+end
+local function deliver_entry(K, id, f, run, max, thread, idx, sp)
+  if other_owner(K[6], sp, run) then return -2 end
+  local n = tonumber(redis.call('HGET', K[2], id) or '0')
+  if redis.call('HGET', K[2], id .. '@') ~= run then
+    n = n + 1
+    redis.call('HSET', K[2], id, n, id .. '@', run)
+  end
+  if n <= tonumber(max) then return n end
+  local s, m, sid = '', 'deliver', ''
+  for i = 1, #f, 2 do
+    if f[i] == 's' then s = f[i + 1] elseif f[i] == 'm' then m = f[i + 1]
+    elseif f[i] == 'i' then sid = f[i + 1] end
+  end
+  local err = redis.call('HGET', K[2], 'e:' .. sid)
+  redis.call('HSET', K[4], sid, cjson.encode({s = s, m = m, n = n - 1, e = err or '', at = at}))
+  redis.call('XDEL', K[1], id)
+  redis.call('HDEL', K[2], id, id .. '@', 'e:' .. sid)
+  local r = {status = 'dead_lettered', run_id = run, at = tonumber(at)}
+  if err then r.error = err end
+  redis.call('HSET', K[3], sid, cjson.encode(r))
+  if idx == '1' and redis.call('XLEN', K[1]) == 0 then redis.call('ZREM', K[5], thread) end
+  return -1
+end
+"""
+
+#: KEYS: inbox, attempts, receipts, dead, pending shard, lease.
+#: ARGV: 1 start ('-' or '(<id>'), 2 count, 3 max bytes, 4 run to deliver the first entry to
+#: ('' none), 5 max attempts, 6 thread, 7 idx, 8 session prefix ('' unfenced), 9 '1' to
+#: leave a first entry of mode ``queue`` undelivered (the run stops before it).
+#: Returns {more, {id, fields, attempts, delivered}, ...}: at most ``count`` entries and,
+#: past the first, at most ``max bytes`` of field values; ``delivered`` is the first entry's
+#: ``deliver_entry`` result when a run was given, else 0; ``more`` is 1 when the read stopped
+#: before the end of the inbox.
+READ = _DELIVER_FN + """
+local count = tonumber(ARGV[2])
+local rows = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', count + 1)
+local out, total, limit = {0}, 0, tonumber(ARGV[3])
+for i, row in ipairs(rows) do
+  local size = 0
+  for j = 2, #row[2], 2 do size = size + #row[2][j] end
+  if i > count or (i > 1 and total + size > limit) then
+    out[1] = 1
+    break
+  end
+  total = total + size
+  local delivered = 0
+  local queued = false
+  if ARGV[9] == '1' then
+    for j = 1, #row[2], 2 do
+      if row[2][j] == 'm' and row[2][j + 1] == 'queue' then queued = true end
+    end
+  end
+  if i == 1 and ARGV[4] ~= '' and not queued then
+    delivered = deliver_entry(KEYS, row[1], row[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+    if delivered == -2 then return {1, {row[1], row[2], '0', -2}} end
+  end
+  out[#out + 1] = {row[1], row[2], redis.call('HGET', KEYS[2], row[1]) or '0', delivered}
+end
+return out
+"""
+
+#: KEYS: inbox, attempts, receipts, dead, pending shard, lease.
+#: ARGV: 1 entry id, 2 run id, 3 max attempts, 4 thread, 5 idx, 6 session prefix.
+#: Returns the attempt number, 0 when the entry is gone, -1 when it was dead-lettered, -2
+#: when another run holds the lease.
+DELIVER = _DELIVER_FN + """
+local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #e == 0 then return 0 end
+return deliver_entry(KEYS, ARGV[1], e[1][2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+"""
+
+#: KEYS: inbox, attempts, receipts, pending shard, lease. ARGV: 1 thread, 2 idx, 3 session
+#: prefix ('' unfenced), 4 run id, then per ack: entry id, signal id, result JSON ('' none).
+#: Returns 1, or 0 (nothing changed) when another run holds the lease.
+ACK = _DELIVER_FN + """
+if other_owner(KEYS[5], ARGV[3], ARGV[4]) then return 0 end
+for i = 5, #ARGV, 3 do
+  local eid, sid = ARGV[i], ARGV[i + 1]
+  if redis.call('XDEL', KEYS[1], eid) == 1 then
+    redis.call('HDEL', KEYS[2], eid, eid .. '@', 'e:' .. sid)
+    local r = '{"status":"processed","run_id":' .. cjson.encode(ARGV[4]) .. ',"at":' .. at
+    if ARGV[i + 2] ~= '' then r = r .. ',"result":' .. ARGV[i + 2] end
+    redis.call('HSET', KEYS[3], sid, r .. '}')
+  end
+end
+if ARGV[2] == '1' and redis.call('XLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[4], ARGV[1]) end
+return 1
+"""
+
+#: KEYS: lease, inbox, owner's thread set. ARGV: owner, thread, idx. 1 when released (or
+#: already not held), 0 when the inbox still has entries (the lease is kept).
+RELEASE_IF_IDLE = """
+if redis.call('XLEN', KEYS[2]) > 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if ARGV[3] == '1' then redis.call('SREM', KEYS[3], ARGV[2]) end
+return 1
+"""
+
+#: KEYS: lease, fence, inbox, pending shard, claimer's thread set.
+#: ARGV: 1 session prefix, 2 thread, 3 owner, 4 ttl, 5 session, 6 idx.
+#: Returns {1, owner, token} claimed, {0, holder, false} owned, {2} empty, {3} session gone.
+CLAIM_PENDING = LEASE_FUNCTIONS + """
+if redis.call('XLEN', KEYS[3]) == 0 then
+  if ARGV[6] == '1' then redis.call('ZREM', KEYS[4], ARGV[2]) end
+  return {2, false, false}
+end
+local cur = lease_live(KEYS[1], ARGV[1])
+if cur then
+  if ARGV[6] == '1' then redis.call('ZREM', KEYS[4], ARGV[2]) end
+  return {0, cur[1], false}
+end
+if not session_alive(ARGV[1], ARGV[5]) then return {3, false, false} end
+local token = lease_grant(KEYS[1], KEYS[2], ARGV[3], ARGV[4], ARGV[5])
+if ARGV[6] == '1' then
+  redis.call('SADD', KEYS[5], ARGV[2])
+  redis.call('ZREM', KEYS[4], ARGV[2])
+end
+return {1, ARGV[3], token}
+"""

@@ -1,0 +1,208 @@
+"""The cross-thread half of :class:`~signals.RedisSignalStore`: pending index, runtime
+registry and notices (see ``_signal_leases.keys.SignalKeys`` for the key names).
+
+* The pending index is sharded over ``SignalKeys.shards`` sorted sets (thread -> first time
+  indexed, in ms), so no single slot of a Cluster is hot.
+* A runtime's presence is a hash with a TTL, refreshed by the runtime; the registry sorted set
+  lists runtimes so that a dead one (presence gone) can be found and its threads indexed.
+* Notices are pub/sub messages ``kind\nthread\nrun\nreason`` on ``<prefix>:notice:<runtime>``
+  and ``<prefix>:work``; one connection per listening runtime, reconnected with backoff, and a
+  ``resync`` notice after every (re)connect.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from _signal_leases.redis_support import text
+
+from ._store import Notice, RuntimeInfo
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from structlog.typing import FilteringBoundLogger
+
+    from _signal_leases.keys import SignalKeys
+
+__all__ = ["RedisPresence"]
+
+
+class RedisPresence:
+    """Pending index, runtime registry and notices on Redis (a base of ``RedisSignalStore``)."""
+
+    client: redis.asyncio.Redis
+    keys: SignalKeys
+    _log: FilteringBoundLogger
+
+    def _errors(self, what: str) -> AbstractContextManager[None]:
+        raise NotImplementedError
+
+    async def index(self, thread_key: str) -> None:
+        """Put ``thread_key`` in the pending index (its owner is gone; recovery looks)."""
+        await self._index([thread_key])
+
+    async def _index(self, threads: Sequence[str]) -> None:
+        now = time.time() * 1000
+        with self._errors("pending index update"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for thread in threads:
+                    pipe.zadd(self.keys.pending_shard(thread), {thread: now}, nx=True)
+                await pipe.execute()
+
+    async def pending_threads(self, *, limit: int = 100, min_age_ms: int = 0) -> list[str]:
+        horizon = time.time() * 1000 - min_age_ms
+        per_shard = max(1, -(-limit // self.keys.shards))
+        with self._errors("pending index read"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for n in range(self.keys.shards):
+                    pipe.zrangebyscore(self.keys.shard(n), "-inf", horizon, start=0, num=per_shard,
+                                       withscores=True)
+                replies = await pipe.execute()
+        rows = sorted((score, text(member)) for reply in replies for member, score in reply)
+        return [thread for _, thread in rows][:limit]
+
+    async def unindex(self, thread_key: str) -> None:
+        with self._errors("pending index update"):
+            await self.client.zrem(self.keys.pending_shard(thread_key), thread_key)
+
+    async def register_runtime(self, info: RuntimeInfo, ttl_ms: int) -> None:
+        key = self.keys.runtime(info.runtime_id)
+        with self._errors("runtime registration"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping={"host": info.host, "pid": info.pid,
+                                        "started_at": info.started_at, "worker": int(info.worker)})
+                pipe.pexpire(key, ttl_ms)
+                pipe.zadd(self.keys.registry, {info.runtime_id: info.started_at})
+                await pipe.execute()
+
+    async def refresh_runtime(self, runtime_id: str, ttl_ms: int) -> bool:
+        with self._errors("runtime presence"):
+            return bool(await self.client.pexpire(self.keys.runtime(runtime_id), ttl_ms))
+
+    async def unregister_runtime(self, runtime_id: str) -> None:
+        await self._orphan(runtime_id)
+
+    async def _orphan(self, runtime_id: str) -> None:
+        """Index the threads of ``runtime_id`` (their owner is gone), then forget it. A crash
+        in between repeats the step; it never loses a thread."""
+        threads_key = self.keys.runtime_threads(runtime_id)
+        with self._errors("runtime cleanup"):
+            cursor = 0
+            while True:
+                cursor, batch = await self.client.sscan(threads_key, cursor, count=1000)
+                if batch:
+                    await self._index([text(t) for t in batch])
+                if cursor == 0:
+                    break
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.delete(threads_key, self.keys.runtime(runtime_id))
+                pipe.zrem(self.keys.registry, runtime_id)
+                await pipe.execute()
+
+    async def track_threads(
+        self, runtime_id: str, *, add: Sequence[str] = (), remove: Sequence[str] = ()
+    ) -> None:
+        key = self.keys.runtime_threads(runtime_id)
+        with self._errors("runtime thread tracking"):
+            if add:
+                await self.client.sadd(key, *add)
+            if remove:
+                await self.client.srem(key, *remove)
+
+    async def runtime_threads(self, runtime_id: str) -> list[str]:
+        """The threads ``runtime_id`` owns (as far as the registry knows)."""
+        with self._errors("runtime threads read"):
+            members = await self.client.smembers(self.keys.runtime_threads(runtime_id))
+        return sorted(text(t) for t in members)
+
+    async def _registered(self) -> list[tuple[str, Any]]:
+        ids = [text(r) for r in await self.client.zrange(self.keys.registry, 0, -1)]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for rid in ids:
+                pipe.hgetall(self.keys.runtime(rid))
+            rows = await pipe.execute()
+        return list(zip(ids, rows, strict=True))
+
+    async def orphan_dead_runtimes(self) -> list[str]:
+        with self._errors("runtime registry read"):
+            dead = [rid for rid, row in await self._registered() if not row]
+        for rid in dead:
+            await self._orphan(rid)
+        return dead
+
+    async def runtimes(self) -> list[RuntimeInfo]:
+        with self._errors("runtime registry read"):
+            registered = await self._registered()
+        out = []
+        for rid, raw in registered:
+            if raw:
+                row = {text(k): text(v) for k, v in raw.items()}
+                out.append(RuntimeInfo(rid, row.get("host", ""), int(row.get("pid", 0)),
+                                       float(row.get("started_at", 0)),
+                                       bool(int(row.get("worker", 0)))))
+        return out
+
+    # -- notices ---------------------------------------------------------------------------
+
+    async def notify(self, runtime_id: str | None, notice: Notice) -> None:
+        keys = self.keys
+        channel = keys.work_channel if runtime_id is None else keys.notice_prefix + runtime_id
+        message = "\n".join(
+            [notice.kind, notice.thread_key, notice.run_id or "", notice.reason or ""]
+        )
+        with self._errors("notice"):
+            await self.client.publish(channel, message)
+
+    @asynccontextmanager
+    async def listen(
+        self, runtime_id: str, handler: Callable[[Notice], None], *, worker: bool
+    ) -> AsyncIterator[None]:
+        """Listen for notices on one connection (reconnecting with backoff) until exit."""
+        channels = [self.keys.notice_prefix + runtime_id]
+        if worker:
+            channels.append(self.keys.work_channel)
+        ready = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._listen_loop, channels, handler, ready, name="signals notices")
+            with anyio.fail_after(30):
+                await ready.wait()
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _listen_loop(
+        self, channels: list[str], handler: Callable[[Notice], None], ready: anyio.Event
+    ) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(*channels)
+                handler(Notice("resync"))
+                ready.set()
+                backoff = 0.05
+                while True:
+                    message = await pubsub.get_message(timeout=30.0)
+                    if message is not None and message.get("type") == "message":
+                        handler(_notice(message["data"]))
+            except Exception as exc:
+                self._log.warning("signals.notices_reconnect", error=repr(exc), retry_in_s=backoff)
+            finally:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+def _notice(data: Any) -> Notice:
+    kind, _, rest = text(data).partition("\n")
+    thread_key, _, rest = rest.partition("\n")
+    run_id, _, reason = rest.partition("\n")
+    if kind not in ("signal", "work", "abort", "resync"):
+        kind = "resync"  # unknown: treat as "look at everything"
+    return Notice(kind, thread_key, run_id or None, reason or None)  # type: ignore[arg-type]

@@ -1,0 +1,356 @@
+"""``RedisSignalStore``: the durable store on Redis (accepted signals survive any crash).
+
+Key layout: ``_signal_leases.keys.SignalKeys``; scripts: :mod:`signals._redis_lua`. Each
+store call is one round trip. Notices are Redis pub/sub messages, published from inside the
+scripts, on ``<prefix>:notice:<runtime id>`` and ``<prefix>:work``; a runtime listens on one
+connection for both, and after every reconnect hands its handler a ``resync`` notice.
+On a Cluster the cross-thread index is updated in separate calls (see ``_redis_lua``).
+The cross-thread parts (pending index, runtime registry, notices) are in
+:mod:`signals._redis_presence`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from _signal_leases.keys import SignalKeys
+from _signal_leases.redis_support import RedisHandle, as_int, map_errors, text
+from _signal_leases.validation import check_int, check_str
+
+from ._model import EntryMode, Receipt, Signal
+from ._redis_lua import ACK, CLAIM_PENDING, DELIVER, READ, RELEASE_IF_IDLE, ROUTE
+from ._redis_presence import RedisPresence
+from ._store import (
+    Accepted,
+    Ack,
+    Claim,
+    DeadLetter,
+    InboxEntry,
+    InboxPage,
+    Notice,
+    Routed,
+    decode_entry,
+)
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from structlog.typing import FilteringBoundLogger
+
+    from leases import LeaseProvider
+
+__all__ = ["RedisSignalStore"]
+
+logger: FilteringBoundLogger = structlog.get_logger("signals")
+
+DAY_MS = 86_400_000
+
+
+class RedisSignalStore(RedisPresence):
+    """A durable :class:`~signals.SignalStore` on Redis.
+
+    Give exactly one of ``url`` or ``client`` (only a client built from ``url`` is closed by
+    :meth:`aclose`). ``leases``: the ``RedisLeaseProvider`` on the same Redis whose leases the
+    fused calls read and grant (the runtime passes the one of its ``RedisStreamsPubSub``).
+    ``retention_ms`` / ``max_receipts``: receipts (and the dedup window) per thread;
+    ``idle_ttl_ms``: a thread nobody sends to for this long is dropped by Redis.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        client: redis.asyncio.Redis | None = None,
+        key_prefix: str = "signals",
+        leases: LeaseProvider | None = None,
+        retention_ms: int = DAY_MS,
+        max_receipts: int = 10_000,
+        idle_ttl_ms: int = 7 * DAY_MS,
+    ) -> None:
+        check_str("key_prefix", key_prefix)
+        self._handle = RedisHandle("RedisSignalStore", url=url, client=client)
+        self.client: redis.asyncio.Redis = self._handle.client
+        self.key_prefix = key_prefix
+        self.keys = SignalKeys(key_prefix)
+        self.leases = leases
+        self.retention_ms = check_int("retention_ms", retention_ms)
+        self.max_receipts = check_int("max_receipts", max_receipts)
+        self.idle_ttl_ms = check_int("idle_ttl_ms", idle_ttl_ms)
+        self._idx = "0" if self._handle.cluster else "1"
+        register = self.client.register_script
+        self._route = register(ROUTE)
+        self._read = register(READ)
+        self._deliver = register(DELIVER)
+        self._ack = register(ACK)
+        self._release = register(RELEASE_IF_IDLE)
+        self._claim = register(CLAIM_PENDING)
+        self._log: FilteringBoundLogger = logger.bind()
+
+    async def aclose(self) -> None:
+        """Close the client if this store built it."""
+        await self._handle.aclose()
+
+    def _lease_keys(self) -> tuple[Any, str]:
+        keys = getattr(self.leases, "keys", None)
+        prefix = getattr(self.leases, "key_prefix", None)
+        if keys is None or prefix is None:
+            raise TypeError("fused calls need leases=RedisLeaseProvider(...) on the same Redis")
+        return keys, f"{prefix}:session:"
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        self._handle.require_asyncio()
+        with map_errors(what):
+            yield
+
+    async def _script(self, script: Any, what: str, keys: list[str], args: list[Any]) -> Any:
+        with self._errors(what):
+            return await script(keys=keys, args=args)
+
+    # -- inbox -----------------------------------------------------------------------------
+
+    def _route_keys(self, thread_key: str, claim: Claim | None) -> list[str]:
+        lease_keys, _ = self._lease_keys() if self.leases is not None else (None, "")
+        k = self.keys
+        keys = [k.thread(thread_key, "inbox"), k.thread(thread_key, "seen"),
+                k.thread(thread_key, "receipts")]
+        if lease_keys is not None:
+            keys += [lease_keys.lease(thread_key), lease_keys.fence(thread_key)]
+        else:
+            keys += [k.thread(thread_key, "lease"), k.thread(thread_key, "fence")]  # unused
+        if self._idx == "1":
+            keys.append(k.pending_shard(thread_key))
+            keys.append(k.runtime_threads(claim.runtime_id) if claim else keys[0])
+        return keys
+
+    async def _do_route(
+        self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
+        sender: str | None, wake_workers: bool, index_only: bool,
+    ) -> Routed:
+        session_prefix = self._lease_keys()[1] if self.leases is not None else ""
+        if claim is not None and self._idx == "0":  # Cluster: track before we can own it
+            await self.track_threads(claim.runtime_id, add=[thread_key])
+        args = [
+            session_prefix, thread_key, signal.id, signal.encode(), mode, self.retention_ms,
+            self.max_receipts, self.idle_ttl_ms,
+            claim.owner if claim else "", claim.ttl_ms if claim else 0,
+            (claim.session or "") if claim else "", sender or "", self.keys.notice_prefix,
+            self.keys.work_channel, "1" if wake_workers else "0", self._idx,
+            "1" if index_only else "0",
+        ]
+        reply = await self._script(
+            self._route, f"send to thread {thread_key!r}", self._route_keys(thread_key, claim), args
+        )
+        fresh, entry_id, receipt, owner, claimed, token = reply
+        routed = Routed(
+            fresh=as_int(fresh) == 1,
+            entry_id=text(entry_id) if entry_id else None,
+            receipt=_receipt(signal.id, receipt) if receipt else None,
+            owner=text(owner) if owner else None,
+            claimed=as_int(claimed) == 1,
+            token=as_int(token) if token else None,
+        )
+        if self._idx == "0" and routed.fresh and routed.owner is None and not routed.claimed:
+            await self._index([thread_key])
+            if wake_workers:
+                await self.notify(None, Notice("work", thread_key))
+        return routed
+
+    async def accept(self, thread_key: str, signal: Signal, mode: EntryMode) -> Accepted:
+        routed = await self._do_route(
+            thread_key, signal, mode, claim=None, sender=None, wake_workers=False, index_only=True
+        )
+        if self._idx == "0" and routed.fresh:
+            await self._index([thread_key])
+        return Accepted(routed.fresh, routed.entry_id, routed.receipt)
+
+    def _delivery_keys(self, thread_key: str) -> tuple[list[str], str]:
+        k = self.keys
+        keys = [k.thread(thread_key, p) for p in ("inbox", "attempts", "receipts", "dead")]
+        keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
+        lease, session_prefix = self._fence(thread_key)
+        keys.append(lease)
+        return keys, session_prefix
+
+    async def read(
+        self, thread_key: str, *, after: str | None = None, limit: int = 100,
+        max_bytes: int = 1 << 20, deliver_to: str | None = None, max_attempts: int = 5,
+        skip_queued: bool = False,
+    ) -> InboxPage:
+        start = "-" if after is None else f"({after}"
+        keys, session_prefix = self._delivery_keys(thread_key)
+        args = [start, limit, max_bytes, deliver_to or "", max_attempts, thread_key, self._idx,
+                session_prefix, "1" if skip_queued else "0"]
+        more, *rows = await self._script(self._read, "inbox read", keys, args)
+        entries: list[InboxEntry] = []
+        for raw_id, flat, attempts, delivered in rows:
+            entry_id = text(raw_id)
+            fields = {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+            try:
+                entries.append(
+                    decode_entry(entry_id, fields["s"], text(fields.get("m", b"deliver")),
+                                 as_int(attempts), as_int(delivered))
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                # It could never be processed: drop it rather than block the thread.
+                self._log.warning("signals.inbox_entry_dropped", key=thread_key,
+                                  entry_id=entry_id, error=repr(exc))
+                await self.client.xdel(keys[0], entry_id)
+        return InboxPage.of(entries, as_int(more) == 1)
+
+    async def deliver(
+        self, thread_key: str, entry_id: str, signal_id: str, run_id: str, *, max_attempts: int
+    ) -> int:
+        keys, session_prefix = self._delivery_keys(thread_key)
+        args = [entry_id, run_id, max_attempts, thread_key, self._idx, session_prefix]
+        return as_int(await self._script(self._deliver, "inbox delivery", keys, args))
+
+    def _fence(self, thread_key: str) -> tuple[str, str]:
+        """The lease key and session prefix the fenced scripts check ('' when unfenced)."""
+        if self.leases is None:
+            return self.keys.thread(thread_key, "inbox"), ""
+        lease_keys, session_prefix = self._lease_keys()
+        return lease_keys.lease(thread_key), session_prefix
+
+    async def ack(self, thread_key: str, acks: Sequence[Ack]) -> bool:
+        if not acks:
+            return True
+        k = self.keys
+        keys = [k.thread(thread_key, p) for p in ("inbox", "attempts", "receipts")]
+        keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
+        lease, session_prefix = self._fence(thread_key)
+        keys.append(lease)
+        args: list[Any] = [thread_key, self._idx, session_prefix, acks[0].run_id]
+        for a in acks:
+            args += [a.entry_id, a.signal_id, a.result or ""]
+        return as_int(await self._script(self._ack, "inbox ack", keys, args)) == 1
+
+    async def note_failure(self, thread_key: str, signal_ids: Sequence[str], error: str) -> None:
+        if signal_ids:
+            with self._errors("inbox note"):
+                await self.client.hset(
+                    self.keys.thread(thread_key, "attempts"),
+                    mapping={f"e:{sid}": error[:2000] for sid in signal_ids},
+                )
+
+    async def pending_count(self, thread_key: str) -> int:
+        with self._errors("inbox count"):
+            return int(await self.client.xlen(self.keys.thread(thread_key, "inbox")))
+
+    async def inbox_pending_count(self, thread_key: str) -> int:
+        """The same as :meth:`pending_count` (the name of earlier releases)."""
+        return await self.pending_count(thread_key)
+
+    async def receipt(self, thread_key: str, signal_id: str) -> Receipt | None:
+        k = self.keys
+        with self._errors("receipt read"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.zscore(k.thread(thread_key, "seen"), signal_id)
+                pipe.hget(k.thread(thread_key, "receipts"), signal_id)
+                score, raw = await pipe.execute()
+        if raw is None or score is None or float(score) < time.time() * 1000 - self.retention_ms:
+            return None
+        return _receipt(signal_id, raw)
+
+    # -- dead letters ----------------------------------------------------------------------
+
+    async def dead_letters(self, thread_key: str, *, limit: int = 100) -> list[DeadLetter]:
+        with self._errors("dead-letter read"):
+            raw: Any = await self.client.hgetall(self.keys.thread(thread_key, "dead"))
+        out = []
+        for value in raw.values():
+            obj = json.loads(value)
+            signal = Signal.from_dict(json.loads(obj["s"]), mode=obj.get("m", "deliver"))
+            out.append(DeadLetter(signal, int(obj["n"]), obj.get("e") or None, float(obj["at"])))
+        return sorted(out, key=lambda d: d.at)[:limit]
+
+    async def retry_dead(self, thread_key: str, signal_ids: Sequence[str]) -> list[str]:
+        retried = []
+        dead_key = self.keys.thread(thread_key, "dead")
+        for sid in signal_ids:
+            with self._errors("dead-letter retry"):
+                raw = await self.client.hget(dead_key, sid)
+                if raw is None:
+                    continue
+                obj = json.loads(raw)
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.xadd(self.keys.thread(thread_key, "inbox"),
+                              {"s": obj["s"], "m": obj.get("m", "deliver"), "i": sid})
+                    pipe.hset(self.keys.thread(thread_key, "receipts"), sid,
+                              json.dumps({"status": "pending", "at": time.time()}))
+                    pipe.hdel(dead_key, sid)
+                    shard = self.keys.pending_shard(thread_key)
+                    pipe.zadd(shard, {thread_key: time.time() * 1000}, nx=True)
+                    await pipe.execute()
+            retried.append(sid)
+        return retried
+
+    async def purge_dead(self, thread_key: str, signal_ids: Sequence[str] | None = None) -> int:
+        dead_key = self.keys.thread(thread_key, "dead")
+        with self._errors("dead-letter purge"):
+            if signal_ids is None:
+                count = int(await self.client.hlen(dead_key))
+                await self.client.delete(dead_key)
+                return count
+            if not signal_ids:
+                return 0
+            return int(await self.client.hdel(dead_key, *signal_ids))
+
+    # -- fused calls -----------------------------------------------------------------------
+
+    def fuses_with(self, leases: LeaseProvider) -> bool:
+        """True for the lease provider this store was built with (same Redis, same keys)."""
+        return self.leases is not None and leases is self.leases
+
+    async def route(
+        self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
+        sender: str | None, wake_workers: bool,
+    ) -> Routed:
+        return await self._do_route(
+            thread_key, signal, mode, claim=claim, sender=sender, wake_workers=wake_workers,
+            index_only=False,
+        )
+
+    async def release_if_idle(self, thread_key: str, owner: str, runtime_id: str) -> bool:
+        lease_keys, _ = self._lease_keys()
+        keys = [lease_keys.lease(thread_key), self.keys.thread(thread_key, "inbox")]
+        keys.append(self.keys.runtime_threads(runtime_id) if self._idx == "1" else keys[1])
+        reply = await self._script(self._release, f"release of thread {thread_key!r}", keys,
+                                   [owner, thread_key, self._idx])
+        released = as_int(reply) == 1
+        if released and self._idx == "0":
+            await self.track_threads(runtime_id, remove=[thread_key])
+        return released
+
+    async def claim_pending(self, thread_key: str, claim: Claim) -> Routed:
+        lease_keys, session_prefix = self._lease_keys()
+        if self._idx == "0":
+            await self.track_threads(claim.runtime_id, add=[thread_key])
+        keys = [lease_keys.lease(thread_key), lease_keys.fence(thread_key),
+                self.keys.thread(thread_key, "inbox")]
+        keys += ([self.keys.pending_shard(thread_key), self.keys.runtime_threads(claim.runtime_id)]
+                 if self._idx == "1" else [keys[2], keys[2]])
+        args = [session_prefix, thread_key, claim.owner, claim.ttl_ms, claim.session or "",
+                self._idx]
+        code, owner, token = await self._script(
+            self._claim, f"claim of thread {thread_key!r}", keys, args
+        )
+        code = as_int(code)
+        if self._idx == "0" and code in (0, 2):
+            await self.unindex(thread_key)
+        if code == 1:
+            return Routed(owner=claim.owner, claimed=True, token=as_int(token))
+        if code == 0:
+            return Routed(owner=text(owner))
+        return Routed(empty=code == 2)
+
+
+def _receipt(signal_id: str, raw: Any) -> Receipt:
+    obj = json.loads(raw)
+    return Receipt.from_dict(signal_id, obj)
+

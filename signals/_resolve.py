@@ -1,0 +1,128 @@
+"""How a ``SignalRuntime`` checks its arguments and finds its store and lease provider."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from _signal_leases.errors import ConfigurationError
+from leases import (
+    InMemoryLeaseProvider,
+    LeaseProvider,
+    NoopLeaseProvider,
+    is_lease_provider,
+    resolve_lease_provider,
+)
+
+from ._store import SignalStore, is_signal_store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = [
+    "check_agent",
+    "check_pubsub",
+    "resolve_leases",
+    "resolve_signal_store",
+]
+
+
+def _describe(obj: object) -> str:
+    if isinstance(obj, type):
+        return f"the class {obj.__qualname__} (pass an instance: {obj.__qualname__}(...))"
+    return f"{type(obj).__name__} {obj!r:.60}"
+
+
+def check_pubsub(pubsub: object) -> None:
+    """``TypeError`` unless ``pubsub`` is a pub/sub instance (structurally)."""
+    if isinstance(pubsub, type) or not all(
+        callable(getattr(pubsub, name, None)) for name in ("publish", "subscribe", "close")
+    ):
+        hint = " (build RedisStreamsPubSub(url=...) for a URL)" if isinstance(pubsub, str) else ""
+        raise TypeError(
+            f"pubsub must be a PubSub instance such as InMemoryPubSub() or "
+            f"RedisStreamsPubSub(url=...), got {_describe(pubsub)}{hint}"
+        )
+
+
+def _is_async_callable(obj: Any) -> bool:
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    if inspect.iscoroutinefunction(obj):
+        return True
+    call = getattr(obj, "__call__", None)  # noqa: B004  (an object with an async __call__)
+    return not inspect.isfunction(obj) and inspect.iscoroutinefunction(call)
+
+
+def check_agent(agent: object) -> None:
+    """``TypeError`` unless ``agent`` is ``None`` (sender only) or an ``async def``."""
+    if agent is None:
+        return
+    if isinstance(agent, type) or not _is_async_callable(agent):
+        raise TypeError(
+            f"agent must be an async function taking a Run (`async def agent(run): ...`) or "
+            f"None for a sender-only runtime, got {_describe(agent)}"
+        )
+
+
+def resolve_leases(pubsub: object, leases: object) -> LeaseProvider:
+    """The given ``leases`` (checked structurally) or the pub/sub's provider, else no-op."""
+    if leases is None:
+        return resolve_lease_provider(pubsub)
+    if isinstance(leases, type) or not is_lease_provider(leases):
+        raise TypeError(
+            f"leases must be a LeaseProvider (acquire_lease, get_lease_owner, release_lease, "
+            f"renew_lease, transfer_lease), got {_describe(leases)}"
+        )
+    return leases  # type: ignore[return-value]
+
+
+def _shared(pubsub: object, name: str, factory: Callable[[], SignalStore]) -> SignalStore:
+    """One store per pub/sub instance (and lease provider), when the pub/sub can hold it."""
+    extension = getattr(pubsub, "extension", None)
+    if callable(extension):
+        return extension(name, factory)  # type: ignore[no-any-return]
+    return factory()
+
+
+def resolve_signal_store(pubsub: object, leases: LeaseProvider) -> SignalStore:
+    """The store the runtime uses when none is given.
+
+    The pub/sub itself when it implements the store; a :class:`~signals.RedisSignalStore` on
+    the pub/sub's Redis connection (``RedisStreamsPubSub``); an in-memory store when the leases
+    are process-local. One store is shared by every runtime built on the same pub/sub (so a
+    sender-only runtime and a worker in one process see the same inboxes). Anything else
+    would lose signals across processes: :class:`ConfigurationError`.
+    """
+    if is_signal_store(pubsub):
+        return pubsub  # type: ignore[return-value]
+    client = getattr(pubsub, "redis_client", None)
+    if client is not None:
+        from ._redis_store import RedisSignalStore
+
+        prefix = getattr(pubsub, "key_prefix", "pubsub")
+        own = getattr(pubsub, "get_lease_provider", lambda: None)()
+        fused = leases if leases is own else None
+        return _shared(
+            pubsub, f"signals.store:{id(fused)}",
+            lambda: RedisSignalStore(client=client, key_prefix=f"{prefix}:signals", leases=fused),
+        )
+    if isinstance(leases, NoopLeaseProvider | InMemoryLeaseProvider):
+        from ._memory_store import InMemorySignalStore
+
+        memory = leases if isinstance(leases, InMemoryLeaseProvider) else None
+        return _shared(
+            pubsub, f"signals.store:{id(memory)}", lambda: InMemorySignalStore(leases=memory)
+        )
+    raise ConfigurationError(
+        "the lease provider is shared across processes but no shared store was found: pass "
+        "inbox=RedisSignalStore(...) (or another durable SignalStore) to SignalRuntime"
+    )
+
+
+def check_store(store: object) -> SignalStore:
+    """``TypeError`` unless ``store`` is structurally a :class:`~signals.SignalStore`."""
+    if not is_signal_store(store):
+        raise TypeError(f"inbox must be a SignalStore, got {_describe(store)}")
+    return store  # type: ignore[return-value]
