@@ -42,7 +42,7 @@ DEFAULT_SOCKET_TIMEOUT_S = 2.0
 DEFAULT_MAX_CONNECTIONS = 32
 
 #: Errors that mean "not reachable now": the call may work later.
-UNAVAILABLE: tuple[type[BaseException], ...] = (
+UNAVAILABLE: tuple[type[Exception], ...] = (
     rex.ConnectionError,
     rex.TimeoutError,
     rex.BusyLoadingError,
@@ -53,7 +53,7 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
 )
 
-_PERMANENT: tuple[type[BaseException], ...] = (
+_PERMANENT: tuple[type[Exception], ...] = (
     rex.AuthenticationError,
     rex.AuthorizationError,
     rex.AuthenticationWrongNumberOfArgsError,

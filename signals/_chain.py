@@ -9,8 +9,9 @@ listener: no polling, no subscription, no timer of its own.
 
 from __future__ import annotations
 
+import json
 import time
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import anyio
 import structlog
@@ -18,6 +19,7 @@ import structlog
 from _signal_leases.aio import retry_unavailable
 
 from ._run import Doorbell, Run, RunInfo
+from ._store import PartIn
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -72,6 +74,7 @@ class Chain:
         self.runs = 0
         self.run: Run | None = None
         self._cancel_reason: str | None = None
+        self._interrupted = False  # the previous run ended by an interrupt
 
     @property
     def run_id(self) -> str:
@@ -152,6 +155,7 @@ class Chain:
         s = self.settings
         lease = self.lease
         self.runs += 1
+        interrupted, self._interrupted = self._interrupted, False
         self._cancel_reason = None
         run = self.run = Run(
             run_id=lease.owner, thread_key=self.thread_key, token=lease.token,
@@ -159,19 +163,23 @@ class Chain:
             max_attempts=s.max_attempts, max_bytes=s.max_bytes,
             on_dead_letter=self._dead_lettered, on_fenced=self._fenced,
         )
+        run.interrupted = interrupted
         log = self._log()
-        log.info("run.started", runs=self.runs)
+        log.info("run.started", runs=self.runs, interrupted=interrupted)
         end: RunEnd = "finished"
         error: str | None = None
+        exc_type = ""
         with lease.guard() as scope:
             if s.run_timeout_s is not None:
                 scope.deadline = anyio.current_time() + s.run_timeout_s
             try:
+                await self._part(run, "run.started",
+                                 {"runs": self.runs, "interrupted": interrupted})
                 await run.prime()
                 await s.agent(run)
                 await run.ack_all()
             except Exception as exc:
-                end, error = "failed", f"{type(exc).__name__}: {exc}"
+                end, error, exc_type = "failed", f"{type(exc).__name__}: {exc}", type(exc).__name__
         if scope.cancelled_caught or (scope.cancel_called and end == "finished" and run.unacked):
             end = "cancelled"
         reason = (
@@ -183,12 +191,27 @@ class Chain:
         if end == "failed":
             log.error("run.failed", error=error, unacked=len(run.unacked), **fields)
             await self._note_failure(run, error or "")
+            message = (error or "").partition(": ")[2]
+            await self._part(run, "run.failed", {"error_type": exc_type, "message": message})
         elif end == "cancelled":
+            self._interrupted = reason == "interrupt"
             log.warning("run.cancelled", reason=reason, unacked=len(run.unacked), **fields)
             await self._note_failure(run, f"cancelled: {reason}")
+            await self._part(run, "run.cancelled", {"reason": reason})
         else:
             log.info("run.finished", **fields)
+            await self._part(run, "run.finished", {"signals": len(ids)})
         return end
+
+    async def _part(self, run: Run, kind: str, data: dict[str, Any]) -> None:
+        """Write a lifecycle part (best effort, bounded: a lifecycle part never holds up a
+        run, and one that cannot be written is logged)."""
+        part = PartIn(kind, run.run_id, None, json.dumps(data, separators=(",", ":")))
+        with anyio.move_on_after(1, shield=True):
+            try:
+                await self.settings.backend.store.emit(self.thread_key, [part])
+            except Exception as exc:
+                self._log().warning("signals.part_failed", kind=kind, error=repr(exc))
 
     async def _note_failure(self, run: Run, error: str) -> None:
         unacked = [sig.id for sig in run.unacked]

@@ -1,4 +1,5 @@
-"""Control and inspection of threads from any process: receipts and dead letters.
+"""Control and inspection of threads from any process: abort, pending, cancel, threads,
+receipts and dead letters.
 
 A mixin of :class:`~signals.SignalRuntime`; every call works from a sender-only runtime too,
 because it goes to the shared store, not to the owner's memory.
@@ -7,25 +8,129 @@ because it goes to the shared store, not to the owner's memory.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from _signal_leases.validation import check_identifier, check_int
+import anyio
 
-from ._store import DeadLetter, Notice
+from _signal_leases.validation import check_identifier, check_int, check_str
+
+from ._model import Signal, ThreadInfo
+from ._store import DeadLetter, Notice, run_runtime
 
 if TYPE_CHECKING:
+    from leases import LeaseProvider
+
     from ._chain import Chain
     from ._model import Receipt
+    from ._routing import Backend
     from ._store import SignalStore
 
 __all__ = ["ControlMixin"]
 
 
 class ControlMixin:
-    """Receipts and dead letters (see :class:`~signals.SignalRuntime`)."""
+    """Control and inspection (see :class:`~signals.SignalRuntime`)."""
 
     inbox: SignalStore
+    leases: LeaseProvider
     _chains: dict[str, Chain]
+    _backend: Backend | None
+
+    def _require_open(self) -> Any:
+        raise NotImplementedError
+
+    def _control(self) -> Backend:
+        self._require_open()
+        assert self._backend is not None
+        return self._backend
+
+    async def abort(
+        self,
+        thread_key: str,
+        run_id: str | None = None,
+        *,
+        clear_pending: bool = False,
+        reason: str | None = None,
+    ) -> bool:
+        """Cancel the active run of ``thread_key`` (``run_id``, or whichever run is active
+        now), from any process; ``True`` when a run was aborted.
+
+        The check is atomic with the lease: a run that started after this call is never
+        cancelled by it. The aborted run ends at its next checkpoint and writes a
+        ``run.cancelled`` part (reason ``abort`` or ``abort: <reason>``). Its unacknowledged
+        signals are delivered again to the next run, unless ``clear_pending``: then every
+        pending signal of the thread is withdrawn (receipts ``cancelled``).
+        """
+        check_identifier("thread key", thread_key)
+        if run_id is not None:
+            check_identifier("run_id", run_id)
+        if reason is not None:
+            check_str("reason", reason)
+        aborted = await self._control().abort(
+            thread_key, run_id, reason=reason or "", clear=bool(clear_pending)
+        )
+        return aborted is not None
+
+    async def pending(self, thread_key: str) -> list[Signal]:
+        """The signals of ``thread_key`` accepted and not yet acknowledged, in order, with
+        ``mode`` and ``attempt`` (deliveries so far: 0 for one no run has taken yet)."""
+        check_identifier("thread key", thread_key)
+        self._require_open()
+        out: list[Signal] = []
+        after: str | None = None
+        while True:
+            page = await self.inbox.read(thread_key, after=after, limit=1000, max_bytes=1 << 30)
+            out += [replace(e.signal, attempt=e.attempts, mode=e.mode) for e in page]
+            if len(page) < 1000:
+                return out
+            after = page[-1].entry_id
+
+    async def cancel(self, thread_key: str, signal_ids: Sequence[str]) -> list[str]:
+        """Withdraw queued signals that no run has taken yet; returns the ids withdrawn
+        (receipts ``cancelled``). A signal a live run holds is not withdrawn: it is either
+        withdrawn or processed, never both."""
+        check_identifier("thread key", thread_key)
+        ids = [check_identifier("signal id", s) for s in _as_list("signal_ids", signal_ids)]
+        return await self._control().cancel(thread_key, ids) if ids else []
+
+    async def threads(self, active: bool | None = None) -> list[ThreadInfo]:
+        """Every thread the deployment knows, from any process: those owned by a live
+        runtime and those with pending signals and no owner (``active=True``: owned only;
+        ``False``: not owned only). Costs a few calls per thread: a listing, not a hot path."""
+        self._require_open()
+        runtimes = {r.runtime_id: r for r in await self.inbox.runtimes() if r.alive}
+        keys: set[str] = set(await self.inbox.pending_threads(limit=100_000))
+        for runtime_id in runtimes:
+            keys.update(await self.inbox.runtime_threads(runtime_id))
+        ordered = sorted(keys)
+        meta = await self.inbox.thread_meta(ordered)
+        owners: dict[str, str | None] = {}
+        limiter = anyio.Semaphore(32)
+
+        async def owner_of(key: str) -> None:
+            async with limiter:
+                owners[key] = await self.leases.get_lease_owner(key)
+
+        async with anyio.create_task_group() as tg:
+            for key in ordered:
+                tg.start_soon(owner_of, key)
+        out = []
+        for key in ordered:
+            owner = owners[key]
+            if active is not None and (owner is not None) != active:
+                continue
+            if owner is None and not meta[key]["pending"]:
+                continue  # an idle thread with nothing to do: not worth listing
+            owner_runtime = run_runtime(owner) if owner else None
+            runtime = runtimes.get(owner_runtime or "")
+            out.append(ThreadInfo(
+                thread_key=key, owner=owner, runtime_id=owner_runtime,
+                host=runtime.host if runtime else None, pid=runtime.pid if runtime else None,
+                since=meta[key]["since"] if owner else None, pending=meta[key]["pending"],
+                last_activity=meta[key]["last"],
+            ))
+        return out
 
     async def receipt(self, thread_key: str, signal_id: str) -> Receipt | None:
         """What became of ``signal_id`` on ``thread_key`` (``None``: unknown or past

@@ -8,16 +8,18 @@ granting leases in the same step.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio.lowlevel
 
 from _signal_leases.validation import check_int
 from leases import InMemoryLeaseProvider
 
+from ._memory_output import MemoryOutput
 from ._memory_presence import MemoryPresence
 from ._model import EntryMode, Receipt, Signal
 from ._store import (
@@ -28,6 +30,7 @@ from ._store import (
     InboxEntry,
     InboxPage,
     Notice,
+    PartIn,
     Routed,
     run_runtime,
 )
@@ -53,12 +56,15 @@ class _Entry:
 @dataclass(slots=True)
 class _Thread:
     entries: dict[int, _Entry] = field(default_factory=dict)  # accept order
+    since: float | None = None  # Unix time the current owning runtime took the thread
+    last: float | None = None  # Unix time of the last accepted signal
+    abort: str | None = None  # the last run asked to abort
     receipts: dict[str, tuple[Receipt, float]] = field(default_factory=dict)  # id -> (r, accepted)
     dead: dict[str, DeadLetter] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
 
-class InMemorySignalStore(MemoryPresence):
+class InMemorySignalStore(MemoryOutput, MemoryPresence):
     """A :class:`~signals.SignalStore` in this process's memory.
 
     ``leases``: the in-memory lease provider the fused calls use (the runtime passes the one
@@ -73,6 +79,8 @@ class InMemorySignalStore(MemoryPresence):
         leases: InMemoryLeaseProvider | None = None,
         retention_ms: int = DAY_MS,
         max_receipts: int = 10_000,
+        stream_max_parts: int = 10_000,
+        stream_retention_ms: int = DAY_MS,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.leases = leases
@@ -80,8 +88,11 @@ class InMemorySignalStore(MemoryPresence):
         self.max_receipts = check_int("max_receipts", max_receipts)
         self._clock: Callable[[], float] = clock if clock is not None else anyio.current_time
         self._threads: dict[str, _Thread] = {}
+        self.stream_max_parts = check_int("stream_max_parts", stream_max_parts)
+        self.stream_retention_ms = check_int("stream_retention_ms", stream_retention_ms)
         self._seq = 0
         MemoryPresence.__init__(self)
+        MemoryOutput.__init__(self)
 
     # -- inbox -----------------------------------------------------------------------------
 
@@ -112,6 +123,7 @@ class InMemorySignalStore(MemoryPresence):
         stored = replace(signal, attempt=1, mode=mode)
         thread.entries[self._seq] = _Entry(self._seq, stored, mode, size)
         thread.receipts[signal.id] = (Receipt(signal.id, "pending", at=time.time()), now)
+        thread.last = time.time()
         if index:
             self._index.setdefault(thread_key, now)
         return Accepted(True, str(self._seq), None)
@@ -163,6 +175,9 @@ class InMemorySignalStore(MemoryPresence):
         if entry.last_run != run_id:
             entry.attempts += 1
             entry.last_run = run_id
+            if entry.attempts <= max_attempts:
+                data = json.dumps({"attempt": entry.attempts})
+                self._append(thread_key, PartIn("signal.received", run_id, entry.signal.id, data))
         if entry.attempts <= max_attempts:
             return entry.attempts
         del thread.entries[number]
@@ -171,6 +186,8 @@ class InMemorySignalStore(MemoryPresence):
         thread.dead[sid] = DeadLetter(entry.signal, entry.attempts - 1, error, time.time())
         dead = Receipt(sid, "dead_lettered", run_id, error=error, at=time.time())
         self._set_receipt(thread, dead)
+        info = json.dumps({"attempts": entry.attempts - 1, "error": error})
+        self._append(thread_key, PartIn("signal.dead_lettered", run_id, sid, info))
         self._after_removal(thread_key, thread)
         return -1
 
@@ -196,8 +213,6 @@ class InMemorySignalStore(MemoryPresence):
             return True
         if not self._holds(thread_key, acks[0].run_id):
             return False
-        import json
-
         for a in acks:
             if thread.entries.pop(_number(a.entry_id), None) is None:
                 continue  # acknowledged before, cancelled or dead-lettered: keep that receipt
@@ -205,6 +220,8 @@ class InMemorySignalStore(MemoryPresence):
             result = json.loads(a.result) if a.result is not None else None
             done = Receipt(a.signal_id, "processed", a.run_id, result, at=time.time())
             self._set_receipt(thread, done)
+            data = None if a.result is None else f'{{"result":{a.result}}}'
+            self._append(thread_key, PartIn("signal.acked", a.run_id, a.signal_id, data))
         self._after_removal(thread_key, thread)
         return True
 
@@ -293,6 +310,7 @@ class InMemorySignalStore(MemoryPresence):
             got = leases.table.acquire(thread_key, claim.owner, claim.ttl_ms, now, claim.session)
             if got.acquired:
                 self._track(claim.runtime_id, (thread_key,), ())
+                self._thread(thread_key).since = time.time()
                 return Routed(True, accepted.entry_id, None, claim.owner, True, got.token)
         self._index.setdefault(thread_key, self._clock())
         if wake_workers:
@@ -323,9 +341,76 @@ class InMemorySignalStore(MemoryPresence):
                 return Routed()
             self._track(claim.runtime_id, (thread_key,), ())
             self._index.pop(thread_key, None)
+            thread.since = time.time()
             return Routed(owner=claim.owner, claimed=True, token=got.token)
         self._index.pop(thread_key, None)
         return Routed(owner=owner)
+
+
+    # -- control: abort and cancel -----------------------------------------------------------
+
+    def _owner(self, thread_key: str) -> str | None:
+        if self.leases is None:
+            return None
+        return self.leases.table.owner(thread_key, self.leases.clock())
+
+    def _withdraw(self, thread_key: str, thread: _Thread, number: int, run_id: str) -> None:
+        entry = thread.entries.pop(number)
+        thread.errors.pop(entry.signal.id, None)
+        self._set_receipt(thread, Receipt(entry.signal.id, "cancelled", run_id or None,
+                                          at=time.time()))
+        self._append(thread_key, PartIn("signal.cancelled", run_id, entry.signal.id))
+
+    async def abort(
+        self, thread_key: str, run_id: str | None, *, reason: str, clear: bool
+    ) -> str | None:
+        """Abort ``run_id`` (default: the live owner) if it holds the thread (checked against
+        this store's leases when it has them; else ``run_id`` is trusted)."""
+        await anyio.lowlevel.checkpoint()
+        run = run_id
+        if self.leases is not None:
+            owner = self._owner(thread_key)
+            if owner is None or (run_id is not None and owner != run_id):
+                return None
+            run = owner
+        if not run:
+            return None
+        thread = self._thread(thread_key)
+        thread.abort = run
+        if clear:
+            for number in list(thread.entries):
+                self._withdraw(thread_key, thread, number, run)
+            self._after_removal(thread_key, thread)
+        self._notify(run_runtime(run), Notice("abort", thread_key, run, reason))
+        return run
+
+    async def cancel(
+        self, thread_key: str, signal_ids: Sequence[str], *, in_flight_run: str | None = None
+    ) -> list[str]:
+        """Withdraw pending signals no live run holds; returns the ids withdrawn."""
+        await anyio.lowlevel.checkpoint()
+        thread = self._threads.get(thread_key)
+        if thread is None:
+            return []
+        owner = self._owner(thread_key) if self.leases is not None else in_flight_run
+        wanted = set(signal_ids)
+        removed: list[str] = []
+        for number, entry in list(thread.entries.items()):
+            if entry.signal.id in wanted and (owner is None or entry.last_run != owner):
+                self._withdraw(thread_key, thread, number, "")
+                removed.append(entry.signal.id)
+        self._after_removal(thread_key, thread)
+        return [s for s in signal_ids if s in removed]
+
+    async def thread_meta(self, thread_keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Per thread: ``since``, ``last``, ``abort`` and ``pending`` (see the Redis store)."""
+        await anyio.lowlevel.checkpoint()
+        out: dict[str, dict[str, Any]] = {}
+        for key in thread_keys:
+            t = self._threads.get(key)
+            out[key] = {"since": t.since if t else None, "last": t.last if t else None,
+                        "abort": t.abort if t else None, "pending": len(t.entries) if t else 0}
+        return out
 
 
 def _number(entry_id: str) -> int:

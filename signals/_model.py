@@ -21,6 +21,8 @@ __all__ = [
     "Receipt",
     "ReceiptStatus",
     "Signal",
+    "StreamPart",
+    "ThreadInfo",
     "encode_json",
 ]
 
@@ -33,7 +35,7 @@ Outcome: TypeAlias = Literal["wake", "deliver", "queued", "discarded", "rejected
 behind the active run, or for a worker to pick up), ``discarded`` (dropped by policy, or a
 duplicate of a signal already accepted), ``rejected`` (refused by policy: the thread is busy)."""
 
-IfActive: TypeAlias = Literal["deliver", "queue", "discard", "reject"]
+IfActive: TypeAlias = Literal["deliver", "queue", "interrupt", "discard", "reject"]
 IfIdle: TypeAlias = Literal["wake", "enqueue", "discard"]
 EntryMode: TypeAlias = Literal["deliver", "queue"]
 """``deliver``: give it to the active run. ``queue``: it starts a run of its own."""
@@ -156,6 +158,47 @@ class Receipt:
             error=obj.get("error"),
             at=obj.get("at"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """One part of a thread's output stream (see ``Run.emit`` and ``SignalRuntime.stream``).
+
+    ``cursor`` orders parts and resumes a stream exactly after this one. ``kind`` is what the
+    agent passed to ``emit`` (``"part"`` by default) or a lifecycle kind the runtime writes:
+    ``run.started``, ``signal.received``, ``signal.acked``, ``signal.dead_lettered``,
+    ``signal.cancelled``, ``run.finished``, ``run.failed``, ``run.cancelled``. ``run_id`` is the
+    run that wrote it, ``signal_id`` the signal it concerns (if any), ``data`` its JSON
+    payload, ``at`` the Unix time it was written.
+    """
+
+    cursor: str
+    thread_key: str
+    run_id: str | None
+    kind: str
+    data: Any
+    signal_id: str | None = None
+    at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    """A thread as the whole deployment sees it (``SignalRuntime.threads``).
+
+    ``owner``: the run holding the thread's lease (``None``: idle). ``runtime_id``, ``host``,
+    ``pid``: the runtime (process) that owns it, when known. ``since``: Unix time that runtime
+    took the thread. ``pending``: signals accepted and not yet acknowledged. ``last_activity``:
+    Unix time of the last accepted signal.
+    """
+
+    thread_key: str
+    owner: str | None
+    runtime_id: str | None
+    host: str | None
+    pid: int | None
+    since: float | None
+    pending: int
+    last_activity: float | None
 
 
 @dataclass(frozen=True, slots=True)

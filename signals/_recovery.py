@@ -74,11 +74,22 @@ class RecoveryMixin:
                 if now >= next_presence:
                     next_presence = now + presence_s
                     await self._keep_presence()
+                if item is None:
+                    await self._check_aborts()  # notices may have been lost before a resync
                 if item is None or now >= next_recover:
                     next_recover = now + recover_s
                     await self.recover()
             except Exception as exc:
                 self._log.warning("signals.recovery_failed", error=repr(exc))
+
+    async def _check_aborts(self) -> None:
+        chains = dict(self._chains)
+        if not chains:
+            return
+        for thread_key, meta in (await self.inbox.thread_meta(list(chains))).items():
+            chain = chains[thread_key]
+            if meta["abort"] is not None and meta["abort"] == chain.run_id:
+                chain.cancel_run("abort", meta["abort"])
 
     async def _keep_presence(self) -> None:
         if not await self.inbox.refresh_runtime(self.runtime_id, self.lease_ttl_ms):

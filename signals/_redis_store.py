@@ -24,7 +24,17 @@ from _signal_leases.redis_support import RedisHandle, as_int, map_errors, text
 from _signal_leases.validation import check_int, check_str
 
 from ._model import EntryMode, Receipt, Signal
-from ._redis_lua import ACK, CLAIM_PENDING, DELIVER, READ, RELEASE_IF_IDLE, ROUTE
+from ._redis_lua import (
+    ABORT,
+    ACK,
+    CANCEL,
+    CLAIM_PENDING,
+    DELIVER,
+    READ,
+    RELEASE_IF_IDLE,
+    ROUTE,
+)
+from ._redis_output import RedisOutput
 from ._redis_presence import RedisPresence
 from ._store import (
     Accepted,
@@ -51,7 +61,7 @@ logger: FilteringBoundLogger = structlog.get_logger("signals")
 DAY_MS = 86_400_000
 
 
-class RedisSignalStore(RedisPresence):
+class RedisSignalStore(RedisOutput, RedisPresence):
     """A durable :class:`~signals.SignalStore` on Redis.
 
     Give exactly one of ``url`` or ``client`` (only a client built from ``url`` is closed by
@@ -59,6 +69,8 @@ class RedisSignalStore(RedisPresence):
     fused calls read and grant (the runtime passes the one of its ``RedisStreamsPubSub``).
     ``retention_ms`` / ``max_receipts``: receipts (and the dedup window) per thread;
     ``idle_ttl_ms``: a thread nobody sends to for this long is dropped by Redis.
+    ``stream_max_parts`` / ``stream_retention_ms``: what each thread's output stream keeps
+    (default 10,000 parts, 24 h).
     """
 
     def __init__(
@@ -71,6 +83,8 @@ class RedisSignalStore(RedisPresence):
         retention_ms: int = DAY_MS,
         max_receipts: int = 10_000,
         idle_ttl_ms: int = 7 * DAY_MS,
+        stream_max_parts: int = 10_000,
+        stream_retention_ms: int = DAY_MS,
     ) -> None:
         check_str("key_prefix", key_prefix)
         self._handle = RedisHandle("RedisSignalStore", url=url, client=client)
@@ -81,6 +95,9 @@ class RedisSignalStore(RedisPresence):
         self.retention_ms = check_int("retention_ms", retention_ms)
         self.max_receipts = check_int("max_receipts", max_receipts)
         self.idle_ttl_ms = check_int("idle_ttl_ms", idle_ttl_ms)
+        self.stream_max_parts = check_int("stream_max_parts", stream_max_parts)
+        self.stream_retention_ms = check_int("stream_retention_ms", stream_retention_ms)
+        self._stream_cfg = f"{self.stream_max_parts}:{self.stream_retention_ms}"
         self._idx = "0" if self._handle.cluster else "1"
         register = self.client.register_script
         self._route = register(ROUTE)
@@ -89,6 +106,8 @@ class RedisSignalStore(RedisPresence):
         self._ack = register(ACK)
         self._release = register(RELEASE_IF_IDLE)
         self._claim = register(CLAIM_PENDING)
+        self._abort = register(ABORT)
+        self._cancel = register(CANCEL)
         self._log: FilteringBoundLogger = logger.bind()
 
     async def aclose(self) -> None:
@@ -126,7 +145,9 @@ class RedisSignalStore(RedisPresence):
         if self._idx == "1":
             keys.append(k.pending_shard(thread_key))
             keys.append(k.runtime_threads(claim.runtime_id) if claim else keys[0])
-        return keys
+        else:
+            keys += [keys[0], keys[0]]  # not touched on a Cluster (idx '0')
+        return [*keys, k.thread(thread_key, "attempts"), k.thread(thread_key, "meta")]
 
     async def _do_route(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
@@ -174,7 +195,7 @@ class RedisSignalStore(RedisPresence):
         keys = [k.thread(thread_key, p) for p in ("inbox", "attempts", "receipts", "dead")]
         keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
         lease, session_prefix = self._fence(thread_key)
-        keys.append(lease)
+        keys += [lease, k.thread(thread_key, "stream"), k.thread(thread_key, "meta")]
         return keys, session_prefix
 
     async def read(
@@ -185,7 +206,7 @@ class RedisSignalStore(RedisPresence):
         start = "-" if after is None else f"({after}"
         keys, session_prefix = self._delivery_keys(thread_key)
         args = [start, limit, max_bytes, deliver_to or "", max_attempts, thread_key, self._idx,
-                session_prefix, "1" if skip_queued else "0"]
+                session_prefix, "1" if skip_queued else "0", self._stream_cfg]
         more, *rows = await self._script(self._read, "inbox read", keys, args)
         entries: list[InboxEntry] = []
         for raw_id, flat, attempts, delivered in rows:
@@ -207,7 +228,8 @@ class RedisSignalStore(RedisPresence):
         self, thread_key: str, entry_id: str, signal_id: str, run_id: str, *, max_attempts: int
     ) -> int:
         keys, session_prefix = self._delivery_keys(thread_key)
-        args = [entry_id, run_id, max_attempts, thread_key, self._idx, session_prefix]
+        args = [entry_id, run_id, max_attempts, thread_key, self._idx, session_prefix,
+                self._stream_cfg]
         return as_int(await self._script(self._deliver, "inbox delivery", keys, args))
 
     def _fence(self, thread_key: str) -> tuple[str, str]:
@@ -220,12 +242,9 @@ class RedisSignalStore(RedisPresence):
     async def ack(self, thread_key: str, acks: Sequence[Ack]) -> bool:
         if not acks:
             return True
-        k = self.keys
-        keys = [k.thread(thread_key, p) for p in ("inbox", "attempts", "receipts")]
-        keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
-        lease, session_prefix = self._fence(thread_key)
-        keys.append(lease)
-        args: list[Any] = [thread_key, self._idx, session_prefix, acks[0].run_id]
+        keys, session_prefix = self._delivery_keys(thread_key)
+        args: list[Any] = [thread_key, self._idx, session_prefix, acks[0].run_id,
+                           self._stream_cfg]
         for a in acks:
             args += [a.entry_id, a.signal_id, a.result or ""]
         return as_int(await self._script(self._ack, "inbox ack", keys, args)) == 1
@@ -286,7 +305,9 @@ class RedisSignalStore(RedisPresence):
                     pipe.hdel(dead_key, sid)
                     shard = self.keys.pending_shard(thread_key)
                     pipe.zadd(shard, {thread_key: time.time() * 1000}, nx=True)
-                    await pipe.execute()
+                    new_id, *_ = await pipe.execute()
+                await self.client.hset(self.keys.thread(thread_key, "attempts"), f"x:{sid}",
+                                       text(new_id))
             retried.append(sid)
         return retried
 
@@ -335,6 +356,7 @@ class RedisSignalStore(RedisPresence):
                 self.keys.thread(thread_key, "inbox")]
         keys += ([self.keys.pending_shard(thread_key), self.keys.runtime_threads(claim.runtime_id)]
                  if self._idx == "1" else [keys[2], keys[2]])
+        keys.append(self.keys.thread(thread_key, "meta"))
         args = [session_prefix, thread_key, claim.owner, claim.ttl_ms, claim.session or "",
                 self._idx]
         code, owner, token = await self._script(
@@ -348,6 +370,60 @@ class RedisSignalStore(RedisPresence):
         if code == 0:
             return Routed(owner=text(owner))
         return Routed(empty=code == 2)
+
+
+    # -- control: abort and cancel -----------------------------------------------------------
+
+    def _control_keys(self, thread_key: str) -> tuple[list[str], str]:
+        k = self.keys
+        lease, session_prefix = self._fence(thread_key)
+        keys = [lease, *(k.thread(thread_key, p) for p in ("inbox", "attempts", "receipts",
+                                                            "stream", "meta"))]
+        keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[1])
+        return keys, session_prefix
+
+    async def abort(
+        self, thread_key: str, run_id: str | None, *, reason: str, clear: bool
+    ) -> str | None:
+        """Abort ``run_id`` (default: the live owner) if it holds the thread; see the
+        contract. Returns the aborted run id or ``None``."""
+        keys, session_prefix = self._control_keys(thread_key)
+        args = [session_prefix, run_id or "", reason, "1" if clear else "0",
+                self.keys.notice_prefix, thread_key, self._idx, self._stream_cfg]
+        run = await self._script(self._abort, f"abort on thread {thread_key!r}", keys, args)
+        return text(run) if run else None
+
+    async def cancel(
+        self, thread_key: str, signal_ids: Sequence[str], *, in_flight_run: str | None = None
+    ) -> list[str]:
+        """Withdraw pending signals no live run holds; returns the ids withdrawn."""
+        if not signal_ids:
+            return []
+        keys, session_prefix = self._control_keys(thread_key)
+        args = [session_prefix, in_flight_run or "", thread_key, self._idx, self._stream_cfg,
+                *signal_ids]
+        removed = await self._script(self._cancel, f"cancel on thread {thread_key!r}", keys, args)
+        return [text(s) for s in removed]
+
+    async def thread_meta(self, thread_keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Per thread: ``since``, ``last`` (Unix times, when known), ``abort`` (the last run
+        asked to abort) and ``pending`` (inbox length)."""
+        with self._errors("thread info read"):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for t in thread_keys:
+                    pipe.hgetall(self.keys.thread(t, "meta"))
+                    pipe.xlen(self.keys.thread(t, "inbox"))
+                replies = await pipe.execute()
+        out: dict[str, dict[str, Any]] = {}
+        for i, thread in enumerate(thread_keys):
+            raw = {text(k): text(v) for k, v in (replies[2 * i] or {}).items()}
+            out[thread] = {
+                "since": float(raw["since"]) if "since" in raw else None,
+                "last": float(raw["last"]) if "last" in raw else None,
+                "abort": raw.get("abort"),
+                "pending": int(replies[2 * i + 1]),
+            }
+        return out
 
 
 def _receipt(signal_id: str, raw: Any) -> Receipt:

@@ -120,6 +120,24 @@ class Backend:
             return None
         return await self._generic_claim(thread_key)
 
+    async def abort(
+        self, thread_key: str, run_id: str | None, *, reason: str, clear: bool
+    ) -> str | None:
+        """Abort ``run_id`` (or the current run) if it holds the thread; the run aborted."""
+        if self.fused is None:
+            owner = await self.leases.get_lease_owner(thread_key)
+            if owner is None or (run_id is not None and run_id != owner):
+                return None
+            run_id = owner
+        return await self.store.abort(thread_key, run_id, reason=reason, clear=clear)
+
+    async def cancel(self, thread_key: str, signal_ids: list[str]) -> list[str]:
+        """Withdraw pending signals no live run holds."""
+        if self.fused is not None:
+            return await self.store.cancel(thread_key, signal_ids)
+        owner = await self.leases.get_lease_owner(thread_key)
+        return await self.store.cancel(thread_key, signal_ids, in_flight_run=owner)
+
     async def finish(self, lease: HeldLease) -> HeldLease | None:
         """After a run: release the thread if its inbox is empty (``None``), else hand the
         lease to a new run id and return the new lease (``None`` if the lease was lost)."""

@@ -11,9 +11,10 @@ import anyio
 import anyio.lowlevel
 
 from _signal_leases.aio import retry_unavailable
+from _signal_leases.validation import check_str
 
 from ._model import Signal, encode_json
-from ._store import Ack
+from ._store import Ack, PartIn
 
 if TYPE_CHECKING:
     from ._store import InboxEntry, SignalStore
@@ -220,6 +221,19 @@ class Run:
         )
         self._more = bool(getattr(page, "more", True))
         self._buffer.extend(page)
+
+    async def emit(
+        self, data: Any, kind: str = "part", *, signal: Signal | str | None = None
+    ) -> str:
+        """Append ``data`` (JSON, at most the runtime's ``max_signal_bytes``) to the thread's
+        output stream as a part of ``kind``; returns its cursor. Readers anywhere see it
+        through ``SignalRuntime.stream``. ``signal`` links the part to a signal (or its id)."""
+        check_str("kind", kind)
+        encoded = encode_json(data, f"{kind} part of thread {self.thread_key!r}", self._max_bytes)
+        signal_id = signal.id if isinstance(signal, Signal) else signal
+        part = PartIn(kind, self.run_id, signal_id, encoded)
+        [cursor] = await retry_unavailable(lambda: self._store.emit(self.thread_key, [part]))
+        return cursor
 
     async def ack(self, signal: Signal | str, result: Any = None) -> None:
         """Acknowledge ``signal`` (or its id): it leaves the inbox for good and its receipt

@@ -47,6 +47,7 @@ from ._resolve import check_agent, check_pubsub, check_store, resolve_leases, re
 from ._routing import Backend
 from ._run import Run, RunInfo
 from ._store import Notice, RuntimeInfo, SignalStore, run_runtime
+from ._streams import StreamsMixin
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -61,11 +62,11 @@ Agent: TypeAlias = Callable[[Run], Awaitable[None]]
 
 logger: FilteringBoundLogger = structlog.get_logger("signals")
 
-_IF_ACTIVE = ("deliver", "queue", "discard", "reject")
+_IF_ACTIVE = ("deliver", "queue", "interrupt", "discard", "reject")
 _IF_IDLE = ("wake", "enqueue", "discard")
 
 
-class SignalRuntime(ControlMixin, RecoveryMixin, AsyncContextManagerMixin):
+class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManagerMixin):
     """Receive signals for threads; run ``agent`` in exactly one process per thread.
 
     ``await runtime.send(thread_key, signal)`` either wakes the idle thread (this process
@@ -269,7 +270,9 @@ class SignalRuntime(ControlMixin, RecoveryMixin, AsyncContextManagerMixin):
 
         * Active thread (a run here, or a lease owner elsewhere): ``if_active`` decides:
           ``deliver`` (to the active run), ``queue`` (for a run of its own after the active
-          one), ``discard`` or ``reject`` (nothing stored).
+          one), ``interrupt`` (cancel the active run at its next checkpoint; a new run gets
+          its unacknowledged signals and this one, in order, with ``Run.interrupted`` set),
+          ``discard`` or ``reject`` (nothing stored).
         * Idle thread: ``wake`` starts a run in this process if it wins the lease (``wake``;
           a sender-only or full runtime leaves it ``queued`` for a worker), ``enqueue`` stores
           it and notifies the workers without running it here (``queued``), ``discard`` drops
@@ -324,6 +327,11 @@ class SignalRuntime(ControlMixin, RecoveryMixin, AsyncContextManagerMixin):
             return Delivery("wake", signal.id, thread_key, lease.owner)
         owner = routed.owner
         chain = self._chains.get(thread_key)
+        if if_active == "interrupt" and owner is not None:
+            if chain is not None and chain.run_id == owner:
+                chain.cancel_run("interrupt", owner)
+            else:
+                await backend.abort(thread_key, owner, reason="interrupt", clear=False)
         if chain is not None and (owner is None or run_runtime(owner) == self.runtime_id):
             chain.doorbell.ring()
         elif owner is None and local and self.agent is not None:
@@ -378,4 +386,11 @@ class SignalRuntime(ControlMixin, RecoveryMixin, AsyncContextManagerMixin):
             if chain is None:
                 self._work.put(notice.thread_key)
         elif notice.kind == "abort" and chain is not None:
-            chain.cancel_run(f"abort: {notice.reason}" if notice.reason else "abort", notice.run_id)
+            chain.cancel_run(_abort_reason(notice.reason), notice.run_id)
+
+
+def _abort_reason(reason: str | None) -> str:
+    """The reason a run cancelled by an abort notice reports (``interrupt`` stays itself)."""
+    if reason == "interrupt":
+        return "interrupt"
+    return f"abort: {reason}" if reason else "abort"

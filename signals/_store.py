@@ -22,7 +22,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
-from ._model import EntryMode, Receipt, Signal
+from ._model import EntryMode, Receipt, Signal, StreamPart
 
 if TYPE_CHECKING:
     from leases import LeaseProvider
@@ -33,11 +33,13 @@ __all__ = [
     "Ack",
     "Claim",
     "DeadLetter",
+    "Follower",
     "FusedSignalStore",
     "InboxEntry",
     "InboxPage",
     "Notice",
     "NoticeKind",
+    "PartIn",
     "Routed",
     "RuntimeInfo",
     "SignalStore",
@@ -95,6 +97,25 @@ class Accepted:
     fresh: bool
     entry_id: str | None = None
     receipt: Receipt | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartIn:
+    """A part to append to a thread's output stream (``data``: JSON text or ``None``)."""
+
+    kind: str
+    run_id: str
+    signal_id: str | None = None
+    data: str | None = None
+
+
+class Follower(Protocol):
+    """A process-wide watcher of output streams (see :meth:`SignalStore.follower`)."""
+
+    async def wait(self, thread_key: str, after: str | None) -> list[StreamPart]:
+        """Wait for parts after ``after`` (``None``: from the start) and return them (an
+        empty list is allowed: read again). Many waiters share one blocking connection."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +210,18 @@ class SignalStore(Protocol):
       thread); within that window an id is a duplicate.
     * Notices are at most once; ``listen`` calls its handler with a ``resync`` notice after
       every (re)connection, since notices may have been missed.
+    * Output streams: ``emit`` appends parts in order and returns their cursors;
+      ``stream_read`` returns the parts after a cursor (``None``: from the oldest retained);
+      a cursor older than what retention removed raises ``CursorExpiredError`` (never a
+      silent gap). ``deliver``, ``ack`` and dead-lettering write ``signal.received``,
+      ``signal.acked`` and ``signal.dead_lettered`` parts in the same step. ``follower()`` is
+      one watcher per process that any number of stream readers wait on.
+    * Control: ``abort`` marks a run aborted and sends its runtime an ``abort`` notice; it
+      aborts only the run holding the lease (``run_id``, or whichever holds it when ``None``),
+      compared atomically by a store that knows the leases (else ``run_id`` is trusted); with
+      ``clear`` it withdraws every pending signal. ``cancel`` withdraws pending signals that no
+      live run holds (receipt ``cancelled``, part ``signal.cancelled``), atomically with
+      respect to delivery: a signal is withdrawn or handed out, never both.
     """
 
     @property
@@ -252,6 +285,26 @@ class SignalStore(Protocol):
         self, runtime_id: str, handler: Callable[[Notice], None], *, worker: bool
     ) -> AbstractAsyncContextManager[None]: ...
 
+    async def emit(self, thread_key: str, parts: Sequence[PartIn]) -> list[str]: ...
+
+    async def stream_read(
+        self, thread_key: str, *, after: str | None = None, limit: int = 100
+    ) -> list[StreamPart]: ...
+
+    async def stream_tail(self, thread_key: str) -> str | None: ...
+
+    async def abort(
+        self, thread_key: str, run_id: str | None, *, reason: str, clear: bool
+    ) -> str | None: ...
+
+    async def cancel(
+        self, thread_key: str, signal_ids: Sequence[str], *, in_flight_run: str | None = None
+    ) -> list[str]: ...
+
+    async def thread_meta(self, thread_keys: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+
+    def follower(self) -> AbstractAsyncContextManager[Follower]: ...
+
 
 class FusedSignalStore(SignalStore, Protocol):
     """Optional capability: the inbox step and the lease step in one atomic call.
@@ -282,7 +335,8 @@ class FusedSignalStore(SignalStore, Protocol):
 STORE_METHODS: tuple[str, ...] = (
     "accept", "read", "deliver", "ack", "pending_count", "receipt", "pending_threads",
     "index", "unindex", "register_runtime", "refresh_runtime", "unregister_runtime",
-    "track_threads", "orphan_dead_runtimes", "runtimes", "notify", "listen",
+    "track_threads", "orphan_dead_runtimes", "runtimes", "notify", "listen", "emit",
+    "stream_read", "stream_tail", "follower", "abort", "cancel", "thread_meta",
 )
 
 

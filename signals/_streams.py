@@ -1,0 +1,124 @@
+"""Reading a thread's output from any process: ``stream`` and ``wait_for``.
+
+A mixin of :class:`~signals.SignalRuntime`. Every reader of this process shares the store's
+one follower (on Redis: one blocking connection for any number of readers), started in the
+runtime's task group on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import anyio
+
+from _signal_leases.errors import UnknownSignalError
+from _signal_leases.validation import check_identifier, check_seconds
+
+from ._model import Receipt, StreamPart
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup, TaskStatus
+
+    from ._store import Follower, SignalStore
+
+__all__ = ["StreamsMixin"]
+
+_PAGE = 100
+#: Stream kinds after which a signal's receipt is final.
+_FINAL_KINDS = frozenset({"signal.acked", "signal.dead_lettered", "signal.cancelled"})
+
+
+class StreamsMixin:
+    """``stream`` and ``wait_for`` (see :class:`~signals.SignalRuntime`)."""
+
+    inbox: SignalStore
+    _follower_ready: anyio.Event | None = None
+    _follower_obj: Follower | None = None
+
+    def _require_open(self) -> TaskGroup:
+        raise NotImplementedError
+
+    async def _follower(self) -> Follower:
+        if self._follower_ready is None:
+            self._follower_ready = anyio.Event()
+            await self._require_open().start(self._serve_follower, name="signals follower")
+        await self._follower_ready.wait()
+        follower = self._follower_obj
+        assert follower is not None
+        return follower
+
+    async def _serve_follower(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with self.inbox.follower() as follower:
+            self._follower_obj = follower
+            assert self._follower_ready is not None
+            self._follower_ready.set()
+            task_status.started()
+            await anyio.sleep_forever()
+
+    async def stream(
+        self, thread_key: str, *, after: str | None = None, follow: bool = True
+    ) -> AsyncIterator[StreamPart]:
+        """The parts of ``thread_key``'s output stream, in order, from any process.
+
+        ``after=None`` starts at the oldest part retained; a cursor resumes exactly after that
+        part (no gap, no repeat). ``follow=False`` stops at the current end; otherwise new
+        parts arrive as they are written. A cursor older than the retention raises
+        :class:`~signals.CursorExpiredError`.
+        """
+        check_identifier("thread key", thread_key)
+        if after is not None:
+            check_identifier("after", after)
+        self._require_open()
+        cursor = after
+        while True:
+            parts = await self.inbox.stream_read(thread_key, after=cursor, limit=_PAGE)
+            for part in parts:
+                cursor = part.cursor
+                yield part
+            if len(parts) == _PAGE:
+                continue
+            if not follow:
+                return
+            follower = await self._follower()
+            while True:
+                waited = await follower.wait(thread_key, cursor)
+                if not waited:
+                    break  # read again (and raise if the cursor expired meanwhile)
+                for part in waited:
+                    cursor = part.cursor
+                    yield part
+                if len(waited) >= _PAGE:
+                    break
+
+    async def wait_for(
+        self, thread_key: str, signal_id: str, timeout: float | None = None
+    ) -> Receipt:
+        """Wait until ``signal_id``'s receipt is final (``processed``, ``dead_lettered`` or
+        ``cancelled``) and return it; after ``timeout`` seconds return it as it is (possibly
+        ``pending``). :class:`~signals.UnknownSignalError` when no such signal was accepted
+        (or its receipt is past retention). Works from any process."""
+        check_identifier("thread key", thread_key)
+        check_identifier("signal id", signal_id)
+        limit = None if timeout is None else check_seconds("timeout", timeout)
+        self._require_open()
+        # The stream's end *before* the receipt is read: a final part written after that read
+        # is then seen by the follower below.
+        mark = await self._stream_end(thread_key)
+        receipt = await self.inbox.receipt(thread_key, signal_id)
+        if receipt is None:
+            raise UnknownSignalError(f"no signal {signal_id!r} was accepted for {thread_key!r}")
+        if receipt.done:
+            return receipt
+        with anyio.move_on_after(float("inf") if limit is None else limit):
+            async for part in self.stream(thread_key, after=mark):
+                if part.signal_id == signal_id and part.kind in _FINAL_KINDS:
+                    break
+        final = await self.inbox.receipt(thread_key, signal_id)
+        return final if final is not None else receipt
+
+    async def _stream_end(self, thread_key: str) -> str | None:
+        """The cursor of the newest part of the thread's stream (``None``: empty)."""
+        return await self.inbox.stream_tail(thread_key)
