@@ -5,8 +5,9 @@ each other: leases -> pubsub -> signals); it imports none of them. What lives he
 
 * :mod:`.errors`: the one error tree (each public package re-exports its part).
 * :mod:`.validation`: one checker per kind of argument, one rule for ``bool`` and bounds.
-* :mod:`.redis`: the Redis client owner (``url`` or ``client``, timeouts, pool, closing), the
-  error mapper and small reply decoders.
+* :mod:`.redis_support`: the Redis client owner (``url`` or ``client``, timeouts, pool,
+  closing), the error mapper and small reply decoders.
 * :mod:`.keys`: the Redis key layout of every layer, hash-tagged per thread.
+* :mod:`.lua`: Lua fragments the lease and signal scripts share (reading and granting leases).
 * :mod:`.aio`: small anyio helpers (a wakeable queue, the asyncio check).
 """

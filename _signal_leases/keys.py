@@ -18,11 +18,12 @@ Signals layer (prefix ``S``, e.g. ``pubsub:signals``), per thread ``t``:
     ``S:{t}:seen``       sorted set: accepted signal id -> acceptance time (dedup, retention)
     ``S:{t}:receipts``   hash: signal id -> receipt JSON
     ``S:{t}:attempts``   hash: inbox entry id -> deliveries so far
-    ``S:{t}:dead``       stream of dead-lettered signals
+    ``S:{t}:dead``       hash: signal id -> dead letter JSON
     ``S:{t}:stream``     stream of output parts (the thread's output)
+    ``S:{t}:meta``       hash: ``since``, ``last``, ``abort``, ``tmax`` (newest trimmed part)
 and across threads (each sharded or per runtime, so no slot is hot):
     ``S:pending:{n}``    sorted set shard ``n``: ownerless threads with pending work
-    ``S:runtimes``       sorted set: runtime id -> last heartbeat (ms)
+    ``S:runtimes``       sorted set: runtime id -> start time (Unix seconds)
     ``S:runtime:{r}``    hash: a runtime's host, pid, start time, session
     ``S:runtime:{r}:threads``  set: threads runtime ``r`` owns (for recovery after it dies)
 """

@@ -103,8 +103,8 @@ class LeaseSessionProvider(LeaseProvider, Protocol):
     once. ``open_lease_session`` returns ``None`` when the backend cannot offer sessions in its
     current configuration (a Redis Cluster, say); the caller then renews leases per key.
 
-    ``acquire_lease`` and ``transfer_lease`` take ``session=`` (a transfer keeps the lease in
-    its session); ``acquire_lease`` under an expired session returns ``acquired=False`` with
+    ``acquire_lease`` takes ``session=``; a transfer keeps the lease in its session.
+    ``acquire_lease`` under an expired session returns ``acquired=False`` with
     ``owner=None``. Session ids come from the provider.
     """
 

@@ -122,6 +122,11 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         return self._held.get(key)
 
     @property
+    def session_deadline(self) -> float:
+        """The local expiry estimate of the session (``-inf`` without one)."""
+        return self._session_deadline
+
+    @property
     def mode(self) -> str:
         """How leases are renewed: ``"session"``, ``"batch"`` or ``"per-lease"``."""
         if self.session is not None:
@@ -183,7 +188,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
             deadline = self._session_deadline
         else:
             deadline = self._deadline_after(sent_at)
-        lease = HeldLease(self, key, owner, token, deadline)
+        lease = HeldLease(self, key, owner, token, deadline, in_session=session is not None)
         self._held[key] = lease
         if deadline == -math.inf:
             self._lose(lease, "session expired")

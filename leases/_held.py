@@ -33,20 +33,39 @@ class HeldLease:
     """
 
     __slots__ = (
-        "_heartbeat", "_scopes", "deadline", "key", "lost", "lost_reason", "owner", "token"
+        "_deadline", "_heartbeat", "_scopes", "in_session", "key", "lost", "lost_reason",
+        "owner", "token",
     )
 
     def __init__(
-        self, heartbeat: LeaseHeartbeat, key: str, owner: str, token: int | None, deadline: float
+        self,
+        heartbeat: LeaseHeartbeat,
+        key: str,
+        owner: str,
+        token: int | None,
+        deadline: float,
+        *,
+        in_session: bool = False,
     ) -> None:
         self._heartbeat = heartbeat
         self.key = key
         self.owner = owner
         self.token = token
-        self.deadline = deadline
+        self.in_session = in_session
+        self._deadline = deadline
         self.lost = False
         self.lost_reason: str | None = None
         self._scopes: list[anyio.CancelScope] = []
+
+    @property
+    def deadline(self) -> float:
+        """The local expiry estimate (``anyio.current_time()`` scale): the session's, for a
+        lease held in a session."""
+        return self._heartbeat.session_deadline if self.in_session else self._deadline
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self._deadline = value
 
     @property
     def held(self) -> bool:

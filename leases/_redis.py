@@ -133,9 +133,12 @@ class RedisLeaseProvider:
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_key(key), check_owner(owner), check_ttl_ms(ttl_ms)
-        reply = await self._call(
-            self._renew, f"renew of lease {key!r}", [self.keys.lease(key)], owner, ttl_ms
-        )
+        self._handle.require_asyncio()
+        self._renewal_client()
+        with map_errors(f"renew of lease {key!r}"):
+            reply = await self._renew_on_renewer(
+                keys=[self.keys.lease(key)], args=[self._session_prefix, owner, ttl_ms]
+            )
         return as_int(reply) == 1
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
@@ -251,6 +254,7 @@ class RedisLeaseProvider:
                 if self._dedicated else self.client
             )
             self._renew_many_on_renewer = self._renewer.register_script(RENEW_MANY)
+            self._renew_on_renewer = self._renewer.register_script(RENEW)
         return self._renewer
 
     async def aclose(self) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from structlog.typing import FilteringBoundLogger
 
-    from leases._heartbeat import HeldLease
+    from leases import HeldLease
 
     from ._routing import Backend
     from ._store import InboxEntry

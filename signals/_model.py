@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from _signal_leases.errors import SignalTooLargeError
-from _signal_leases.validation import check_identifier, check_int
+from _signal_leases.validation import check_identifier, check_int, check_str
 
 __all__ = [
     "DEFAULT_MAX_SIGNAL_BYTES",
@@ -78,8 +78,7 @@ class Signal:
     mode: EntryMode = field(default="deliver", compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.type, str) or not self.type:
-            raise ValueError("signal type must be a non-empty string")
+        check_str("signal type", self.type)
         check_identifier("signal id", self.id)
         encode_json(self.payload, "signal payload")
 

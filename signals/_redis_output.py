@@ -221,7 +221,7 @@ class RedisFollower:
                     self._reader_id = None
                     await anyio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
-                    with suppress(_FAILURES):
+                    with suppress(*_FAILURES):
                         self._reader_id = int(await self._reader.client_id())
                 continue
             for raw_stream, entries in reply or []:

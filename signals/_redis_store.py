@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from _signal_leases.keys import SignalKeys
-from _signal_leases.redis_support import RedisHandle, as_int, map_errors, text
+from _signal_leases.redis_support import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_SOCKET_TIMEOUT_S,
+    RedisHandle,
+    as_int,
+    map_errors,
+    text,
+)
 from _signal_leases.validation import check_int, check_str
 
 from ._model import EntryMode, Receipt, Signal
@@ -85,9 +92,15 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         idle_ttl_ms: int = 7 * DAY_MS,
         stream_max_parts: int = 10_000,
         stream_retention_ms: int = DAY_MS,
+        cluster: bool = False,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         check_str("key_prefix", key_prefix)
-        self._handle = RedisHandle("RedisSignalStore", url=url, client=client)
+        self._handle = RedisHandle(
+            "RedisSignalStore", url=url, client=client, cluster=cluster,
+            socket_timeout=socket_timeout, max_connections=max_connections,
+        )
         self.client: redis.asyncio.Redis = self._handle.client
         self.key_prefix = key_prefix
         self.keys = SignalKeys(key_prefix)

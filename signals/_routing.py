@@ -19,8 +19,7 @@ from ._store import Claim, Notice, Routed, run_runtime
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from leases import LeaseProvider
-    from leases._heartbeat import HeldLease, LeaseHeartbeat
+    from leases import HeldLease, LeaseHeartbeat, LeaseProvider
 
     from ._model import EntryMode, Signal
     from ._store import FusedSignalStore, SignalStore

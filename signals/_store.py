@@ -333,7 +333,8 @@ class FusedSignalStore(SignalStore, Protocol):
 
 
 STORE_METHODS: tuple[str, ...] = (
-    "accept", "read", "deliver", "ack", "pending_count", "receipt", "pending_threads",
+    "accept", "read", "deliver", "ack", "note_failure", "pending_count", "receipt",
+    "dead_letters", "retry_dead", "purge_dead", "runtime_threads", "pending_threads",
     "index", "unindex", "register_runtime", "refresh_runtime", "unregister_runtime",
     "track_threads", "orphan_dead_runtimes", "runtimes", "notify", "listen", "emit",
     "stream_read", "stream_tail", "follower", "abort", "cancel", "thread_meta",

@@ -7,6 +7,7 @@ runtime's task group on first use.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -58,7 +59,7 @@ class StreamsMixin:
             task_status.started()
             await anyio.sleep_forever()
 
-    async def stream(
+    def stream(
         self, thread_key: str, *, after: str | None = None, follow: bool = True
     ) -> AsyncIterator[StreamPart]:
         """The parts of ``thread_key``'s output stream, in order, from any process.
@@ -66,32 +67,14 @@ class StreamsMixin:
         ``after=None`` starts at the oldest part retained; a cursor resumes exactly after that
         part (no gap, no repeat). ``follow=False`` stops at the current end; otherwise new
         parts arrive as they are written. A cursor older than the retention raises
-        :class:`~signals.CursorExpiredError`.
+        :class:`~signals.CursorExpiredError`. Leaving the ``async for`` early is fine: the
+        iterator holds nothing that needs closing.
         """
         check_identifier("thread key", thread_key)
         if after is not None:
             check_identifier("after", after)
         self._require_open()
-        cursor = after
-        while True:
-            parts = await self.inbox.stream_read(thread_key, after=cursor, limit=_PAGE)
-            for part in parts:
-                cursor = part.cursor
-                yield part
-            if len(parts) == _PAGE:
-                continue
-            if not follow:
-                return
-            follower = await self._follower()
-            while True:
-                waited = await follower.wait(thread_key, cursor)
-                if not waited:
-                    break  # read again (and raise if the cursor expired meanwhile)
-                for part in waited:
-                    cursor = part.cursor
-                    yield part
-                if len(waited) >= _PAGE:
-                    break
+        return _PartIterator(self, thread_key, after, follow)
 
     async def wait_for(
         self, thread_key: str, signal_id: str, timeout: float | None = None
@@ -122,3 +105,40 @@ class StreamsMixin:
     async def _stream_end(self, thread_key: str) -> str | None:
         """The cursor of the newest part of the thread's stream (``None``: empty)."""
         return await self.inbox.stream_tail(thread_key)
+
+
+class _PartIterator:
+    """The iterator ``stream`` returns (a class, not an async generator: an early ``break``
+    leaves nothing to finalise, on asyncio and trio alike)."""
+
+    def __init__(
+        self, runtime: StreamsMixin, thread_key: str, after: str | None, follow: bool
+    ) -> None:
+        self._runtime = runtime
+        self._thread_key = thread_key
+        self._cursor = after
+        self._follow = follow
+        self._buffer: deque[StreamPart] = deque()
+        self._read_next = True  # read the store (not the follower) before waiting
+
+    def __aiter__(self) -> _PartIterator:
+        return self
+
+    async def __anext__(self) -> StreamPart:
+        while not self._buffer:
+            if self._read_next or not self._follow:
+                parts = await self._runtime.inbox.stream_read(
+                    self._thread_key, after=self._cursor, limit=_PAGE
+                )
+                self._read_next = len(parts) == _PAGE
+                if not parts and not self._follow:
+                    raise StopAsyncIteration
+            else:
+                follower = await self._runtime._follower()
+                parts = await follower.wait(self._thread_key, self._cursor)
+                # Nothing (the cursor may have expired) or a full page: read the store next.
+                self._read_next = not parts or len(parts) >= _PAGE
+            self._buffer.extend(parts)
+        part = self._buffer.popleft()
+        self._cursor = part.cursor
+        return part

@@ -32,8 +32,19 @@ from typing import Any
 import anyio
 import pytest
 
+from _signal_leases.errors import CursorExpiredError
+
 from ._model import Signal
-from ._store import Ack, Claim, InboxEntry, Notice, RuntimeInfo, SignalStore, is_signal_store
+from ._store import (
+    Ack,
+    Claim,
+    InboxEntry,
+    Notice,
+    PartIn,
+    RuntimeInfo,
+    SignalStore,
+    is_signal_store,
+)
 
 __all__ = ["RecordingSignalStore", "SignalInboxConformance", "SignalStoreConformance"]
 
@@ -61,6 +72,11 @@ class SignalStoreConformance:
     def store(self) -> Any:
         """Override: yield (or return) the store under test."""
         raise NotImplementedError("override the `store` fixture in your conformance class")
+
+    @pytest.fixture
+    def small_store(self) -> Any:
+        """Override: a store whose streams keep at most 5 parts (for the retention check)."""
+        pytest.skip("small_store is not overridden for this store")
 
     @pytest.fixture
     def leases(self) -> Any:
@@ -303,6 +319,122 @@ class SignalStoreConformance:
                     await anyio.sleep(0.01)
         assert got[1:] == [Notice("abort", "t1", "run-1", "why"), Notice("work", "t3")]
 
+    # -- output streams -------------------------------------------------------------------------
+
+    async def test_parts_come_back_in_order_and_resume_from_every_cursor(
+        self, store: SignalStore
+    ) -> None:
+        thread = _new("t")
+        cursors = await store.emit(thread, [PartIn("part", "r/1", None, json.dumps(i))
+                                            for i in range(7)])
+        assert len(cursors) == len(set(cursors)) == 7
+        assert await store.stream_tail(thread) == cursors[-1]
+        parts = await store.stream_read(thread)
+        assert [p.data for p in parts] == list(range(7))
+        assert [p.cursor for p in parts] == cursors
+        assert all(p.kind == "part" and p.run_id == "r/1" and p.thread_key == thread
+                   for p in parts)
+        for i, cursor in enumerate(cursors):  # no gap, no repeat, from every cursor
+            assert [p.data for p in await store.stream_read(thread, after=cursor)] == list(
+                range(i + 1, 7)
+            )
+        assert [p.data for p in await store.stream_read(thread, limit=3)] == [0, 1, 2]
+        assert await store.stream_read(_new("t")) == []
+        assert await store.stream_tail(_new("t")) is None
+
+    async def test_deliver_ack_and_dead_letters_write_lifecycle_parts(
+        self, store: SignalStore
+    ) -> None:
+        thread = _new("t")
+        await self._accept_many(store, thread, 2)
+        a, b = await store.read(thread)
+        await store.deliver(thread, a.entry_id, "s0", "r/1", max_attempts=5)
+        await store.ack(thread, [Ack(a.entry_id, "s0", "r/1", json.dumps({"answer": 42}))])
+        await store.deliver(thread, b.entry_id, "s1", "r/1", max_attempts=0)
+        kinds = [(p.kind, p.signal_id, p.data) for p in await store.stream_read(thread)]
+        assert kinds == [
+            ("signal.received", "s0", {"attempt": 1}),
+            ("signal.acked", "s0", {"result": {"answer": 42}}),
+            ("signal.dead_lettered", "s1", {"attempts": 0, "error": None}),
+        ]
+
+    async def test_a_trimmed_cursor_is_refused_not_skipped(self, small_store: Any) -> None:
+        from ._model import StreamPart  # noqa: F401  (the type the store returns)
+
+        thread = _new("t")
+        cursors = await small_store.emit(thread, [PartIn("part", "r/1", None, str(i))
+                                                  for i in range(8)])
+        kept = await small_store.stream_read(thread)
+        assert [p.data for p in kept] == [3, 4, 5, 6, 7], "the newest five are kept"
+        assert [p.data for p in await small_store.stream_read(thread, after=cursors[2])] == [
+            3, 4, 5, 6, 7]
+        with pytest.raises(CursorExpiredError):
+            await small_store.stream_read(thread, after=cursors[1])
+
+    async def test_the_follower_hands_new_parts_to_waiters(self, store: SignalStore) -> None:
+        thread = _new("t")
+        [first] = await store.emit(thread, [PartIn("part", "r/1", None, "1")])
+        got: list[list[Any]] = []
+        async with store.follower() as follower:
+
+            async def wait(after: str | None) -> None:
+                got.append([p.data for p in await follower.wait(thread, after)])
+
+            assert [p.data for p in await follower.wait(thread, None)] == [1]
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(wait, first)
+                await anyio.sleep(0.05)
+                await store.emit(thread, [PartIn("part", "r/1", None, "2")])
+        assert got == [[2], [2], [2]]
+
+    # -- control: abort and cancel --------------------------------------------------------------
+
+    async def _hold(self, store: SignalStore, leases: Any, thread: str, run_id: str) -> None:
+        """Make ``run_id`` the live owner where the store checks leases itself."""
+        fuses = getattr(store, "fuses_with", None)
+        if leases is not None and callable(fuses) and fuses(leases):
+            assert (await leases.acquire_lease(thread, run_id, 10_000)).acquired
+
+    async def test_cancel_withdraws_what_no_run_holds(
+        self, store: SignalStore, leases: Any
+    ) -> None:
+        thread = _new("t")
+        await self._hold(store, leases, thread, "r/1")
+        await self._accept_many(store, thread, 3)
+        entries = await store.read(thread)
+        await store.deliver(thread, entries[0].entry_id, "s0", "r/1", max_attempts=5)
+        removed = await store.cancel(thread, ["s0", "s1", "nope"], in_flight_run="r/1")
+        assert removed == ["s1"]
+        assert _ids(await store.read(thread)) == ["s0", "s2"]
+        receipt = await store.receipt(thread, "s1")
+        assert receipt is not None and receipt.status == "cancelled"
+        assert await store.deliver(thread, entries[1].entry_id, "s1", "r/1", max_attempts=5) == 0
+        assert ("signal.cancelled", "s1") in [
+            (p.kind, p.signal_id) for p in await store.stream_read(thread)
+        ]
+        assert await store.cancel(thread, ["s2"], in_flight_run="r/1") == ["s2"]
+
+    async def test_abort_notifies_the_run_s_runtime_and_can_clear(
+        self, store: SignalStore, leases: Any
+    ) -> None:
+        thread, rid = _new("t"), _new("rt")
+        await self._hold(store, leases, thread, f"{rid}/1")
+        await self._accept_many(store, thread, 2)
+        got: list[Notice] = []
+        async with store.listen(rid, got.append, worker=False):
+            run = await store.abort(thread, f"{rid}/1", reason="stop", clear=True)
+            with anyio.fail_after(5):
+                while len(got) < 2:  # noqa: ASYNC110 (notices arrive over the network)
+                    await anyio.sleep(0.01)
+        assert run == f"{rid}/1"
+        assert got[1] == Notice("abort", thread, f"{rid}/1", "stop")
+        assert await store.pending_count(thread) == 0
+        receipt = await store.receipt(thread, "s0")
+        assert receipt is not None and receipt.status == "cancelled"
+        meta = await store.thread_meta([thread])
+        assert meta[thread]["abort"] == f"{rid}/1" and meta[thread]["pending"] == 0
+
     # -- fused calls --------------------------------------------------------------------------
 
     def _fused(self, store: SignalStore, leases: Any) -> Any:
@@ -374,6 +506,16 @@ class SignalStoreConformance:
         assert await store.deliver(thread, entry.entry_id, "a", "new/1", max_attempts=5) == 1
         assert await fused.claim_pending(thread, Claim("x/1", 10_000, None, "x")) is not None
 
+    async def test_abort_checks_the_lease_atomically(
+        self, store: SignalStore, leases: Any
+    ) -> None:
+        self._fused(store, leases)
+        thread = _new("t")
+        assert await store.abort(thread, None, reason="", clear=False) is None  # nobody runs it
+        await leases.acquire_lease(thread, "rt-x/2", 10_000)
+        assert await store.abort(thread, "rt-x/1", reason="", clear=False) is None  # a successor
+        assert await store.abort(thread, None, reason="", clear=False) == "rt-x/2"
+
     async def test_claim_pending_takes_only_ownerless_work(
         self, store: SignalStore, leases: Any
     ) -> None:
@@ -413,7 +555,7 @@ class RecordingSignalStore:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.inner, name)
-        if name in ("fuses_with", "listen") or not callable(method):
+        if name in ("fuses_with", "listen", "follower") or not callable(method):
             return method
 
         async def recorded(*args: Any, **kwargs: Any) -> Any:

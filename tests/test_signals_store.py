@@ -38,6 +38,10 @@ class TestInMemoryStore(SignalStoreConformance):
         self.now = manual_clock
         return InMemorySignalStore(leases=leases, retention_ms=60_000, clock=manual_clock)
 
+    @pytest.fixture
+    def small_store(self) -> InMemorySignalStore:
+        return InMemorySignalStore(stream_max_parts=5)
+
     async def advance(self, store: object, ms: int) -> None:
         self.now.advance(ms / 1000)
 
@@ -68,6 +72,11 @@ class TestRedisStore(SignalStoreConformance):
     def store(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:
         return RedisSignalStore(client=leases.client, key_prefix=f"{key_prefix}:signals",
                                 leases=leases)
+
+    @pytest.fixture
+    def small_store(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:
+        return RedisSignalStore(client=leases.client, key_prefix=f"{key_prefix}:small",
+                                stream_max_parts=5)
 
 
 @pytest.mark.redis
