@@ -94,6 +94,25 @@ class ControlMixin:
         ids = [check_identifier("signal id", s) for s in _as_list("signal_ids", signal_ids)]
         return await self._control().cancel(thread_key, ids) if ids else []
 
+    async def thread(self, thread_key: str) -> ThreadInfo:
+        """What is known of one thread (owner, owning runtime, pending count, activity), from
+        any process; an unknown thread is simply idle with nothing pending."""
+        check_identifier("thread key", thread_key)
+        self._require_open()
+        owner = await self.leases.get_lease_owner(thread_key)
+        meta = (await self.inbox.thread_meta([thread_key]))[thread_key]
+        runtime = None
+        if owner is not None:
+            runtime = next((r for r in await self.inbox.runtimes()
+                            if r.runtime_id == run_runtime(owner)), None)
+        return ThreadInfo(
+            thread_key=thread_key, owner=owner,
+            runtime_id=run_runtime(owner) if owner else None,
+            host=runtime.host if runtime else None, pid=runtime.pid if runtime else None,
+            since=meta["since"] if owner else None, pending=meta["pending"],
+            last_activity=meta["last"],
+        )
+
     async def threads(self, active: bool | None = None) -> list[ThreadInfo]:
         """Every thread the deployment knows, from any process: those owned by a live
         runtime and those with pending signals and no owner (``active=True``: owned only;

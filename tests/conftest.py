@@ -1,7 +1,10 @@
-"""Shared fixtures: a real redis-server for the session, per-test key prefixes.
+"""Shared fixtures: the async backends, a real redis-server for the session, key prefixes.
 
-Tests that talk to Redis are marked ``redis`` and pin ``anyio_backend`` to asyncio (redis-py is
-asyncio-only). Without ``redis-server`` they skip locally; with ``CI=true`` they fail.
+``anyio_backend`` is defined here only. Every async test runs on asyncio and trio, except:
+tests marked ``redis`` run on asyncio only (redis-py is asyncio-only); tests marked
+``mock_clock`` also run on trio with a ``MockClock`` (virtual time, id ``trio-mockclock``); a
+test may still pin it with ``@pytest.mark.parametrize("anyio_backend", [...])``. Without
+``redis-server`` the Redis tests skip locally; with ``CI=true`` they fail.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -17,6 +20,31 @@ from tests._redis_server import RedisServer, redis_server_binary
 
 if TYPE_CHECKING:
     import redis.asyncio
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give each test that uses ``anyio_backend`` its backends (see the module docstring)."""
+    if "anyio_backend" not in metafunc.fixturenames:
+        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        if "anyio_backend" in str(marker.args[0]):
+            return  # pinned by the test itself
+    if metafunc.definition.get_closest_marker("redis"):
+        metafunc.parametrize("anyio_backend", ["asyncio"])
+        return
+    params: list[Any] = [pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")]
+    if metafunc.definition.get_closest_marker("mock_clock"):
+        from trio.testing import MockClock
+
+        clock = ("trio", {"clock": MockClock(autojump_threshold=0)})
+        params.append(pytest.param(clock, id="trio-mockclock"))
+    metafunc.parametrize("anyio_backend", params)
+
+
+@pytest.fixture
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """The async backend of this test (parametrised by :func:`pytest_generate_tests`)."""
+    return request.param
 
 
 def _in_ci() -> bool:

@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 import pytest
 import structlog.testing
-from trio.testing import MockClock
 
 from leases import (
     BackendUnavailableError,
@@ -23,20 +22,10 @@ from leases import (
 )
 from leases._keeper import safety_margin_ms
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.mock_clock]
 
 TTL = 150  # ms: renewals have ~100 ms of slack before the deadline
 
-
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param("trio", id="trio"),
-        pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    return request.param
 
 
 @pytest.fixture

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import pytest
-from trio.testing import MockClock
 
 from leases import InMemoryLeaseProvider, LeaseInfo, is_lease_provider
 from leases._memory import LeaseTable
 from leases.testing import ManualClock
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.mock_clock]
 
-
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param("trio", id="trio"),
-        pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock"),
-    ]
-)
-def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    return request.param
 
 
 def test_core_grants_refreshes_and_expires_exactly() -> None:

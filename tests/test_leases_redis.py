@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 class TestRedisConformance(LeaseProviderConformance):
     @pytest.fixture(params=[False, True], ids=["bytes", "decoded"])

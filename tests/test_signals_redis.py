@@ -27,10 +27,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 def _worker(redis_url: str, prefix: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(

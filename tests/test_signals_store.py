@@ -60,10 +60,6 @@ class TestInMemoryStoreGeneric(SignalStoreConformance):
 @pytest.mark.redis
 class TestRedisStore(SignalStoreConformance):
     @pytest.fixture
-    def anyio_backend(self) -> str:
-        return "asyncio"
-
-    @pytest.fixture
     async def leases(self, redis_url: str, key_prefix: str) -> AsyncIterator[RedisLeaseProvider]:
         async with RedisLeaseProvider(url=redis_url, key_prefix=f"{key_prefix}:lease") as leases:
             yield leases
@@ -82,10 +78,6 @@ class TestRedisStore(SignalStoreConformance):
 @pytest.mark.redis
 class TestRedisStoreDecodedClient(SignalStoreConformance):
     """A client built with ``decode_responses=True`` (str replies) works the same."""
-
-    @pytest.fixture
-    def anyio_backend(self) -> str:
-        return "asyncio"
 
     @pytest.fixture
     async def store(self, redis_url: str, key_prefix: str) -> AsyncIterator[RedisSignalStore]:

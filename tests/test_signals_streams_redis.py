@@ -1,0 +1,171 @@
+"""Streams, receipts and control across real processes on Redis: a sender-only process, two
+workers, one of them killed mid-stream; and the races that matter for abort and cancel."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal as os_signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from pubsub import RedisStreamsPubSub
+from signals import Run, Signal, SignalRuntime
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+
+def _worker(redis_url: str, prefix: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.stream_worker", "--redis-url", redis_url,
+         "--prefix", prefix, *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def _ready(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the worker exited before it was ready")
+        if line.startswith("{"):
+            return dict(json.loads(line))
+
+
+@pytest.mark.slow
+async def test_a_killed_worker_s_threads_finish_elsewhere_and_nothing_is_lost(
+    redis_url: str, key_prefix: str
+) -> None:
+    threads = [f"chat-{n}" for n in range(20)]
+    workers = [_worker(redis_url, key_prefix, "--parts", "10", "--gap-ms", "40")
+               for _ in range(2)]
+    try:
+        infos = [await anyio.to_thread.run_sync(_ready, w) for w in workers]
+        victim, survivor = workers[0], workers[1]
+        async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub, \
+                SignalRuntime(pubsub=pubsub, agent=None) as sender:
+            for key in threads:
+                delivery = await sender.send(key, Signal({"q": key}, id=f"q-{key}"),
+                                             if_idle="enqueue")
+                assert delivery.outcome == "queued"
+            # Kill the victim once it is mid-stream on some thread.
+            with anyio.fail_after(20):
+                killed_on: str | None = None
+                while killed_on is None:
+                    for info in await sender.threads(active=True):
+                        if info.runtime_id == infos[0]["runtime_id"]:
+                            parts = [p async for p in sender.stream(info.thread_key,
+                                                                    follow=False)]
+                            if any(p.kind == "part" for p in parts):
+                                killed_on = info.thread_key
+                                break
+                    await anyio.sleep(0.02)
+            os.kill(victim.pid, os_signal.SIGKILL)
+            victim.wait(timeout=10)
+            receipts = {}
+            for key in threads:
+                receipts[key] = await sender.wait_for(key, f"q-{key}", timeout=60)
+            streams = {key: [p async for p in sender.stream(key, follow=False)]
+                       for key in threads}
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(timeout=10)
+            if w.stdout is not None:
+                w.stdout.close()
+    assert {r.status for r in receipts.values()} == {"processed"}, receipts
+    assert all(r.result["pid"] == survivor.pid or r.result["pid"] == victim.pid
+               for r in receipts.values())
+    assert receipts[killed_on].result["pid"] == survivor.pid  # taken over and finished
+    for key, parts in streams.items():
+        cursors = [p.cursor for p in parts]
+        assert cursors == sorted(cursors, key=lambda c: tuple(map(int, c.split("-"))))
+        assert parts[-1].kind == "run.finished" and ("signal.acked", f"q-{key}") in [
+            (p.kind, p.signal_id) for p in parts
+        ]
+        last_run = parts[-1].run_id
+        assert [p.data["i"] for p in parts if p.kind == "part" and p.run_id == last_run] == \
+            list(range(10)), "the run that finished emitted every part"
+    killed = streams[killed_on]
+    dead_runs = {p.run_id for p in killed if p.kind == "part"} - {killed[-1].run_id}
+    assert dead_runs, "the killed run's parts stay in the stream, with its run id"
+    assert all(run.startswith(infos[0]["runtime_id"]) for run in dead_runs if run)
+
+
+async def test_an_abort_racing_the_handoff_never_cancels_the_successor(
+    redis_url: str, key_prefix: str
+) -> None:
+    """Run A finishes and hands the lease to B while another runtime aborts A by id: B is
+    never cancelled, however the race falls (repeated, with the abort at varying moments)."""
+    cancelled: list[str] = []
+    runs: list[str] = []
+
+    async def agent(run: Run) -> None:
+        runs.append(run.run_id)
+        try:
+            async for signal in run:
+                await anyio.sleep(0.005)
+                await run.ack(signal)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(run.run_id)
+            raise
+
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub, \
+            SignalRuntime(pubsub=pubsub, agent=agent) as worker, \
+            SignalRuntime(pubsub=pubsub, agent=None) as client:
+        aborted: set[str] = set()
+        for n in range(30):
+            key = f"race-{n}"
+            first = await worker.send(key, Signal(0, id="a"))
+            await worker.send(key, Signal(1, id="b"), if_active="queue")
+            await anyio.sleep(0.001 * (n % 10))
+            assert first.owner is not None
+            aborted.add(first.owner)
+            await client.abort(key, first.owner)
+            await worker.wait_idle(key)
+    assert set(cancelled) <= aborted, "a run other than the one aborted was cancelled"
+    assert len(runs) >= 60
+
+
+async def test_a_cancel_racing_a_pickup_is_cancelled_or_processed_never_both(
+    redis_url: str, key_prefix: str
+) -> None:
+    processed: Counter[str] = Counter()
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            processed[signal.id] += 1
+            await run.ack(signal)
+
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub, \
+            SignalRuntime(pubsub=pubsub, agent=agent) as worker, \
+            SignalRuntime(pubsub=pubsub, agent=None) as client:
+        ids = [f"s{n}" for n in range(40)]
+        for sid in ids:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(
+                    client.send, "race", Signal(sid, id=sid), if_idle="enqueue"
+                ))
+                await anyio.sleep(0.0005 * (int(sid[1:]) % 8))
+                tg.start_soon(client.cancel, "race", [sid])
+        await anyio.sleep(0.3)
+        await worker.wait_idle()
+        receipts = {sid: await client.receipt("race", sid) for sid in ids}
+    for sid, receipt in receipts.items():
+        assert receipt is not None
+        if receipt.status == "cancelled":
+            assert processed[sid] == 0, sid
+        else:
+            assert receipt.status == "processed" and processed[sid] == 1, (sid, receipt)
