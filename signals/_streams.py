@@ -89,7 +89,7 @@ class StreamsMixin:
         self._require_open()
         # The stream's end *before* the receipt is read: a final part written after that read
         # is then seen by the follower below.
-        mark = await self._stream_end(thread_key)
+        mark = await self.stream_end(thread_key)
         receipt = await self.inbox.receipt(thread_key, signal_id)
         if receipt is None:
             raise UnknownSignalError(f"no signal {signal_id!r} was accepted for {thread_key!r}")
@@ -102,8 +102,10 @@ class StreamsMixin:
         final = await self.inbox.receipt(thread_key, signal_id)
         return final if final is not None else receipt
 
-    async def _stream_end(self, thread_key: str) -> str | None:
-        """The cursor of the newest part of the thread's stream (``None``: empty)."""
+    async def stream_end(self, thread_key: str) -> str | None:
+        """The cursor of the newest part of ``thread_key``'s stream (``None``: empty). Pass it
+        as ``stream(after=...)`` to follow only what is written from now on."""
+        check_identifier("thread key", thread_key)
         return await self.inbox.stream_tail(thread_key)
 
 

@@ -116,3 +116,31 @@ def test_serverless(redis_url: str) -> None:
         f"thread-b-signal-{i}" for i in range(3)
     ], out
     assert "OK: no signal lost" in out
+
+
+def test_stream_chat_in_memory() -> None:
+    result = run_example("stream_chat.py")
+    assert result.returncode == 0, result.stderr
+    assert "queued (a worker will run it)" in result.stdout
+    assert "answer: Signals go in, parts come out" in result.stdout
+    assert "receipt: processed" in result.stdout
+
+
+@pytest.mark.redis
+def test_stream_chat_across_two_processes(redis_url: str) -> None:
+    result = run_example("stream_chat.py", "--redis-url", redis_url)
+    assert result.returncode == 0, result.stderr
+    assert "answer: Signals go in, parts come out" in result.stdout
+    assert "receipt: processed" in result.stdout
+
+
+def test_control_in_memory() -> None:
+    result = run_example("control.py")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "cancel step-3: ['step-3']" in out
+    assert "interrupt with a correction: deliver" in out
+    assert "abort the long run: True" in out
+    assert "('run.cancelled', {'reason': 'abort: taking too long'})" in out
+    assert "poison signal: dead_lettered (ValueError: cannot handle this one)" in out
+    assert "dead letters: [('bad', 2)]" in out
