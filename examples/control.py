@@ -79,9 +79,9 @@ async def main_async(redis_url: str | None) -> None:
         async with InMemoryPubSub() as pubsub:
             await scenario(pubsub)
         return
-    pubsub = RedisStreamsPubSub(url=redis_url, key_prefix=f"example-control-{uuid.uuid4().hex[:8]}")
-    async with pubsub:
-        await scenario(pubsub)
+    prefix = f"example-control-{uuid.uuid4().hex[:8]}"
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=prefix) as redis_pubsub:
+        await scenario(redis_pubsub)
 
 
 def main() -> None:

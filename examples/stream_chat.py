@@ -72,7 +72,14 @@ async def worker(url: str, prefix: str) -> None:
         await anyio.sleep_forever()
 
 
-async def on_redis(url: str) -> None:
+async def on_redis(url: str, prefix: str) -> None:
+    pubsub = RedisStreamsPubSub(url=url, key_prefix=prefix)
+    async with pubsub:
+        await client(pubsub)
+
+
+def with_worker_process(url: str) -> None:
+    """Start the worker in a process of its own, then run the client here."""
     prefix = f"example-chat-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [sys.executable, __file__, "--worker", "--redis-url", url, "--prefix", prefix],
@@ -80,10 +87,8 @@ async def on_redis(url: str) -> None:
     )
     try:
         assert proc.stdout is not None
-        await anyio.to_thread.run_sync(proc.stdout.readline)  # "worker ready"
-        pubsub = RedisStreamsPubSub(url=url, key_prefix=prefix)
-        async with pubsub:
-            await client(pubsub)
+        proc.stdout.readline()  # "worker ready"
+        anyio.run(on_redis, url, prefix, backend="asyncio")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -101,7 +106,7 @@ def main() -> None:
     if args.worker:
         anyio.run(worker, args.redis_url, args.prefix, backend="asyncio")
     elif args.redis_url:
-        anyio.run(on_redis, args.redis_url, backend="asyncio")
+        with_worker_process(args.redis_url)
     else:
         anyio.run(in_memory)
 
