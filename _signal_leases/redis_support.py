@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: Socket read and connect timeout of clients built from a URL, in seconds.
-DEFAULT_SOCKET_TIMEOUT_S = 2.0
+DEFAULT_SOCKET_TIMEOUT_S = 1.0
 #: Connections in the pool of a client built from a URL (callers wait beyond that).
 DEFAULT_MAX_CONNECTIONS = 32
 

@@ -43,3 +43,23 @@ def test_readme_example_command_names_an_existing_example() -> None:
     assert example
     path = re.search(r"(examples/\S+\.py)", example[0])
     assert path and (ROOT / path.group(1)).is_file()
+
+
+def test_a_foreign_pubsub_module_is_a_clear_import_error(tmp_path: Path) -> None:
+    """PyPubSub installs a top-level ``pubsub`` too: when it shadows ours, ``import signals``
+    says so at once instead of failing later."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "pubsub"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("# PyPubSub's package, say\npub = object()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    result = subprocess.run(
+        [sys.executable, "-c", "import signals"], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=60,
+    )
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr and "PyPubSub" in result.stderr, result.stderr
+    assert "pip uninstall pypubsub" in result.stderr
