@@ -25,8 +25,8 @@ local function lease_grant(key, fence, owner, ttl, session)
     redis.call('DEL', key)
     redis.call('HSET', key, 'owner', owner, 'token', token, 'session', session)
   else
+    redis.call('DEL', key)  -- a dead session's record may linger: start clean
     redis.call('HSET', key, 'owner', owner, 'token', token)
-    redis.call('HDEL', key, 'session')
     redis.call('PEXPIRE', key, ttl)
   end
   return token

@@ -53,9 +53,9 @@ def check_identifier(name: str, value: object) -> str:
     assert isinstance(value, str)
     if len(value) > MAX_IDENTIFIER_LENGTH:
         raise ValueError(f"{name} is {len(value)} characters long, over {MAX_IDENTIFIER_LENGTH}")
-    if not value.isprintable() or any(unicodedata.category(c) == "Cs" for c in value):
+    if not value.isprintable():
         # isprintable() is False for control characters, lone surrogates and other
-        # non-printables; spaces outside ASCII are fine, so look closer before refusing.
+        # non-printables (a no-break space, say); only the first two are refused.
         for c in value:
             category = unicodedata.category(c)
             if category == "Cs":

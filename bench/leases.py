@@ -4,7 +4,7 @@ Both run against the same redis-server in one process, in interleaved rounds (A,
 so drift in machine load hits both alike; the result is printed as a ratio. Also prints the
 in-memory provider's rate for scale. Starts its own ``redis-server`` unless ``--redis-url``.
 
-    python bench/leases.py [--redis-url URL] [--rounds 6] [--cycles 2000]
+    python bench/leases.py [--redis-url URL] [--rounds 6] [--cycles 2000] [--tasks 1,16]
 """
 
 from __future__ import annotations
@@ -31,61 +31,65 @@ TTL_MS = 10_000
 Cycle = Callable[[int], Awaitable[None]]
 
 
-async def rate(cycle: Cycle, cycles: int) -> float:
-    """Cycles per second of ``cycles`` sequential calls to ``cycle``."""
+async def rate(cycle: Cycle, cycles: int, tasks: int) -> float:
+    """Cycles per second of ``tasks`` concurrent tasks, each making ``cycles`` sequential calls
+    to ``cycle`` on a key of its own."""
     start = time.perf_counter()
-    for i in range(cycles):
-        await cycle(i)
-    return cycles / (time.perf_counter() - start)
+    async with asyncio.TaskGroup() as tg:
+        for t in range(tasks):
+
+            async def loop(t: int = t) -> None:
+                for _ in range(cycles):
+                    await cycle(t)
+
+            tg.create_task(loop())
+    return cycles * tasks / (time.perf_counter() - start)
 
 
-async def run(url: str, rounds: int, cycles: int) -> None:
-    client = redis.asyncio.Redis.from_url(url)
+async def run(url: str, rounds: int, cycles: int, task_counts: list[int]) -> None:
+    client = redis.asyncio.Redis.from_url(url, max_connections=max(task_counts) * 2 + 4)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     provider = RedisLeaseProvider(client=client, key_prefix=prefix)
     memory = InMemoryLeaseProvider()
 
-    async def ours(i: int) -> None:
-        result = await provider.acquire_lease("k", "owner", TTL_MS)
+    async def ours(t: int) -> None:
+        result = await provider.acquire_lease(f"k{t}", "owner", TTL_MS)
         assert result.acquired
-        await provider.release_lease("k", "owner")
+        await provider.release_lease(f"k{t}", "owner")
 
-    async def redis_lock(i: int) -> None:
-        lock = Lock(client, f"{prefix}:lock", timeout=TTL_MS / 1000)
+    async def redis_lock(t: int) -> None:
+        lock = Lock(client, f"{prefix}:lock{t}", timeout=TTL_MS / 1000)
         assert await lock.acquire(blocking=False)
         await lock.release()
 
-    async def in_memory(i: int) -> None:
-        assert (await memory.acquire_lease("k", "owner", TTL_MS)).acquired
-        await memory.release_lease("k", "owner")
+    async def in_memory(t: int) -> None:
+        assert (await memory.acquire_lease(f"k{t}", "owner", TTL_MS)).acquired
+        await memory.release_lease(f"k{t}", "owner")
 
     try:
         await client.ping()
-        await rate(ours, 200)  # warm up: connection, script load
-        await rate(redis_lock, 200)
-        ours_rates: list[float] = []
-        lock_rates: list[float] = []
-        for r in range(rounds):
-            pair: list[tuple[list[float], Cycle]] = [(ours_rates, ours), (lock_rates, redis_lock)]
-            for into, cycle in pair if r % 2 == 0 else reversed(pair):
-                into.append(await rate(cycle, cycles))
-            a, b = ours_rates[-1], lock_rates[-1]
+        for tasks in task_counts:
+            await rate(ours, 100, tasks)  # warm up: connections, script load
+            await rate(redis_lock, 100, tasks)
+            ours_rates: list[float] = []
+            lock_rates: list[float] = []
+            for r in range(rounds):
+                pair: list[tuple[list[float], Cycle]] = [
+                    (ours_rates, ours), (lock_rates, redis_lock)
+                ]
+                for into, cycle in pair if r % 2 == 0 else reversed(pair):
+                    into.append(await rate(cycle, cycles // tasks or 1, tasks))
+            ratios = [a / b for a, b in zip(ours_rates, lock_rates, strict=True)]
             print(
-                f"round {r + 1}: RedisLeaseProvider {a:8.0f}/s   "
-                f"redis-py Lock {b:8.0f}/s   ratio {a / b:.2f}"
+                f"{tasks:>3} task(s): RedisLeaseProvider {statistics.median(ours_rates):7.0f}"
+                f"/s, redis-py Lock {statistics.median(lock_rates):7.0f}/s, ratio (ours/Lock) "
+                f"{statistics.median(ratios):.2f} [min {min(ratios):.2f}, max {max(ratios):.2f}]"
             )
-        ratios = [a / b for a, b in zip(ours_rates, lock_rates, strict=True)]
-        mem = await rate(in_memory, cycles * 10)
-        print(
-            f"median: RedisLeaseProvider {statistics.median(ours_rates):.0f} cycles/s, "
-            f"redis-py Lock {statistics.median(lock_rates):.0f} cycles/s, "
-            f"ratio (ours / Lock) {statistics.median(ratios):.2f} "
-            f"[min {min(ratios):.2f}, max {max(ratios):.2f}]"
-        )
-        print(f"InMemoryLeaseProvider: {mem:.0f} cycles/s (asyncio, same process)")
-        print("(one cycle = acquire + release = 2 round trips for both Redis implementations)")
+        mem = await rate(in_memory, cycles * 10, 1)
+        print(f"InMemoryLeaseProvider: {mem:.0f} cycles/s (asyncio, same process, one task)")
+        print("(one cycle = acquire + release = 2 round trips for both Redis implementations;"
+              " median of interleaved rounds)")
     finally:
-        await client.delete(f"{prefix}:{{k}}", f"{prefix}:{{k}}:fence", f"{prefix}:lock")
         await client.aclose()
 
 
@@ -94,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", help="use this server instead of starting one")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--cycles", type=int, default=2000, help="cycles per round and side")
+    parser.add_argument("--tasks", default="1,16", help="concurrent tasks, comma-separated")
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         url: str | None = args.redis_url
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             url = stack.enter_context(RedisServer(binary)).url
         print(f"redis: {url}, {args.rounds} rounds x {args.cycles} cycles per side")
-        asyncio.run(run(url, args.rounds, args.cycles))
+        asyncio.run(run(url, args.rounds, args.cycles, [int(t) for t in args.tasks.split(",")]))
     return 0
 
 

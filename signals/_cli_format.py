@@ -2,23 +2,29 @@
 
 Each ``*_json`` function returns the JSON-ready form of one command's result; each
 ``*_text`` function the lines a person reads. Absent values print as ``-`` in text and as
-``null`` in JSON; times are Unix seconds in JSON and ISO 8601 (UTC) in text.
+``null`` in JSON; times are Unix seconds in JSON and ISO 8601 (UTC) in text. Also the
+output plumbing: password-free URLs for messages, library logs on stderr, a quiet broken pipe.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from ._model import Receipt, Signal, StreamPart, ThreadInfo
     from ._store import DeadLetter
 
 __all__ = [
-    "compact", "dead_letters_json", "dead_letters_text", "inspect_text", "iso", "part_json", "part_text", "pending_json",
-    "pending_text", "receipt_json", "receipt_text", "table", "threads_json", "threads_text",
+    "compact", "dead_letters_json", "dead_letters_text", "inspect_text", "iso",
+    "logs_to_stderr", "part_json", "part_text", "pending_json", "pending_text", "receipt_json",
+    "receipt_text", "redact", "scrub", "silence_stdout", "table", "threads_json", "threads_text",
 ]
 
 
@@ -55,7 +61,7 @@ def threads_json(threads: Sequence[ThreadInfo]) -> list[dict[str, Any]]:
     "last_activity"}]`` (``pending_count`` and ``owner`` as in earlier releases)."""
     return [
         {
-            "thread_key": t.thread_key, "owner": t.owner, "runtime_id": t.runtime_id,
+            "thread_key": t.thread_key, "owner": t.owner, "runtime_id": t.runtime_id or None,
             "host": t.host, "pid": t.pid, "since": t.since, "pending_count": t.pending,
             "last_activity": t.last_activity,
         }
@@ -183,3 +189,62 @@ def inspect_text(report: dict[str, Any]) -> str:
     if hidden > 0:
         lines.append(f"  ... and {hidden} more (--limit)")
     return "\n".join(lines)
+
+
+# -- plumbing -----------------------------------------------------------------------------------
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` without the password of ``url``."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
+@contextmanager
+def logs_to_stderr() -> Iterator[None]:
+    """The library's warnings and errors on stderr (structlog prints to stdout by default,
+    which would mix them into the output); the previous configuration is restored after."""
+    import logging
+
+    import structlog
+
+    saved = structlog.get_config() if structlog.is_configured() else None
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper("iso"),
+                    structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        yield
+    finally:
+        if saved is None:
+            structlog.reset_defaults()
+        else:
+            structlog.configure(**saved)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

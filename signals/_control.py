@@ -8,7 +8,6 @@ because it goes to the shared store, not to the owner's memory.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -81,7 +80,7 @@ class ControlMixin:
         after: str | None = None
         while True:
             page = await self.inbox.read(thread_key, after=after, limit=1000, max_bytes=1 << 30)
-            out += [replace(e.signal, attempt=e.attempts, mode=e.mode) for e in page]
+            out += [e.signal.evolve(attempt=e.attempts, mode=e.mode) for e in page]
             if len(page) < 1000:
                 return out
             after = page[-1].entry_id
@@ -107,7 +106,7 @@ class ControlMixin:
                             if r.runtime_id == run_runtime(owner)), None)
         return ThreadInfo(
             thread_key=thread_key, owner=owner,
-            runtime_id=run_runtime(owner) if owner else None,
+            runtime_id=(run_runtime(owner) or None) if owner else None,
             host=runtime.host if runtime else None, pid=runtime.pid if runtime else None,
             since=meta["since"] if owner else None, pending=meta["pending"],
             last_activity=meta["last"],
@@ -141,7 +140,7 @@ class ControlMixin:
                 continue
             if owner is None and not meta[key]["pending"]:
                 continue  # an idle thread with nothing to do: not worth listing
-            owner_runtime = run_runtime(owner) if owner else None
+            owner_runtime = (run_runtime(owner) or None) if owner else None
             runtime = runtimes.get(owner_runtime or "")
             out.append(ThreadInfo(
                 thread_key=key, owner=owner, runtime_id=owner_runtime,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio.lowlevel
@@ -120,7 +120,7 @@ class InMemorySignalStore(MemoryOutput, MemoryPresence):
             return Accepted(False, None, known[0])
         self._seq += 1
         size = len(signal.encode())
-        stored = replace(signal, attempt=1, mode=mode)
+        stored = signal.evolve(attempt=1, mode=mode)
         thread.entries[self._seq] = _Entry(self._seq, stored, mode, size)
         thread.receipts[signal.id] = (Receipt(signal.id, "pending", at=time.time()), now)
         thread.last = time.time()
@@ -153,7 +153,7 @@ class InMemorySignalStore(MemoryOutput, MemoryPresence):
                 if delivered == -2:
                     fenced = InboxEntry(str(number), e.signal, e.mode, e.attempts, e.size, -2)
                     return InboxPage.of([fenced], True)
-            signal = replace(e.signal, attempt=max(1, e.attempts))
+            signal = e.signal.evolve(attempt=max(1, e.attempts))
             out.append(InboxEntry(str(number), signal, e.mode, e.attempts, e.size, delivered))
             total += e.size
         return InboxPage.of(out, False)
@@ -205,6 +205,15 @@ class InMemorySignalStore(MemoryOutput, MemoryPresence):
             return True
         owner = self.leases.table.owner(thread_key, self.leases.clock())
         return owner is None or owner == run_id
+
+    async def ack_and_deliver(
+        self, thread_key: str, acks: Sequence[Ack], next_entry: str | None, *, max_attempts: int
+    ) -> tuple[bool, int]:
+        """``ack``, then deliver ``next_entry`` to the same run, in one step."""
+        ok = await self.ack(thread_key, acks)
+        if not ok or next_entry is None:
+            return ok, 0
+        return True, self._deliver(thread_key, _number(next_entry), acks[0].run_id, max_attempts)
 
     async def ack(self, thread_key: str, acks: Sequence[Ack]) -> bool:
         await anyio.lowlevel.checkpoint()

@@ -76,11 +76,13 @@ class Signal:
     created_at: float = field(default_factory=time.time)
     attempt: int = field(default=1, compare=False)
     mode: EntryMode = field(default="deliver", compare=False)
+    _encoded: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_str("signal type", self.type)
         check_identifier("signal id", self.id)
-        encode_json(self.payload, "signal payload")
+        if self._encoded is None:
+            encode_json(self.payload, "signal payload")  # a TypeError now, not at send
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what is stored; ``attempt`` and ``mode`` are not part of it)."""
@@ -92,14 +94,31 @@ class Signal:
         }
 
     def encode(self, limit: int | None = None) -> str:
-        """The stored JSON form; :class:`SignalTooLargeError` beyond ``limit`` bytes."""
-        return encode_json(self.to_dict(), f"signal {self.id!r}", limit)
+        """The stored JSON form; :class:`SignalTooLargeError` beyond ``limit`` bytes. Computed
+        once per signal and kept (a signal is immutable)."""
+        encoded = self._encoded
+        if encoded is None:
+            encoded = encode_json(self.to_dict(), f"signal {self.id!r}")
+            object.__setattr__(self, "_encoded", encoded)
+        if limit is not None and len(encoded) > limit:
+            raise SignalTooLargeError(f"signal {self.id!r}", len(encoded), limit)
+        return encoded
+
+    def evolve(self, *, attempt: int | None = None, mode: EntryMode | None = None) -> Signal:
+        """A copy with the delivery fields changed (no re-validation: the rest is the same)."""
+        copy = object.__new__(Signal)
+        for name in ("payload", "type", "id", "created_at", "_encoded"):
+            object.__setattr__(copy, name, getattr(self, name))
+        object.__setattr__(copy, "attempt", self.attempt if attempt is None else attempt)
+        object.__setattr__(copy, "mode", self.mode if mode is None else mode)
+        return copy
 
     @classmethod
     def from_dict(
-        cls, obj: dict[str, Any], *, attempt: int = 1, mode: EntryMode = "deliver"
+        cls, obj: dict[str, Any], *, attempt: int = 1, mode: EntryMode = "deliver",
+        encoded: str | None = None,
     ) -> Signal:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict` (``encoded``: the JSON it was decoded from, if known)."""
         return cls(
             payload=obj.get("payload"),
             type=obj["type"],
@@ -107,6 +126,7 @@ class Signal:
             created_at=float(obj["created_at"]),
             attempt=attempt,
             mode=mode,
+            _encoded=encoded,
         )
 
 

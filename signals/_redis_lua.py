@@ -218,12 +218,14 @@ return deliver_entry(KEYS, ARGV[1], e[1][2], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
 """
 
 #: KEYS: inbox, attempts, receipts, dead, pending shard, lease, stream, meta. ARGV: 1 thread,
-#: 2 idx, 3 session prefix ('' unfenced), 4 run id, 5 stream cfg, then per ack: entry id,
-#: signal id, result JSON ('' none). Returns 1, or 0 (nothing changed) when another run holds
-#: the lease. Each acknowledgement also writes a ``signal.acked`` part (data: the result).
+#: 2 idx, 3 session prefix ('' unfenced), 4 run id, 5 stream cfg, 6 entry to deliver next to
+#: the same run ('' none), 7 max attempts, then per ack: entry id, signal id, result JSON ('' none).
+#: Returns {1, delivered} (``delivered``: ``deliver_entry``'s result for the next entry, 0 when
+#: none or gone), or {0, 0} (nothing changed) when another run holds the lease. Each
+#: acknowledgement also writes a ``signal.acked`` part (data: the result).
 ACK = _DELIVER_FN + """
-if other_owner(KEYS[6], ARGV[3], ARGV[4]) then return 0 end
-for i = 6, #ARGV, 3 do
+if other_owner(KEYS[6], ARGV[3], ARGV[4]) then return {0, 0} end
+for i = 8, #ARGV, 3 do
   local eid, sid = ARGV[i], ARGV[i + 1]
   if redis.call('XDEL', KEYS[1], eid) == 1 then
     redis.call('HDEL', KEYS[2], eid, eid .. '@', 'e:' .. sid, 'x:' .. sid)
@@ -237,8 +239,16 @@ for i = 6, #ARGV, 3 do
     add_part(KEYS[7], KEYS[8], ARGV[5], 'signal.acked', ARGV[4], sid, data)
   end
 end
+local delivered = 0
+if ARGV[6] ~= '' then
+  local e = redis.call('XRANGE', KEYS[1], ARGV[6], ARGV[6])
+  if #e > 0 then
+    delivered = deliver_entry(KEYS, ARGV[6], e[1][2], ARGV[4], ARGV[7], ARGV[1], ARGV[2],
+                              ARGV[3], ARGV[5])
+  end
+end
 if ARGV[2] == '1' and redis.call('XLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[5], ARGV[1]) end
-return 1
+return {1, delivered}
 """
 
 #: KEYS: lease, inbox, owner's thread set. ARGV: owner, thread, idx. 1 when released (or

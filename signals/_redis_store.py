@@ -255,12 +255,20 @@ class RedisSignalStore(RedisOutput, RedisPresence):
     async def ack(self, thread_key: str, acks: Sequence[Ack]) -> bool:
         if not acks:
             return True
+        return (await self.ack_and_deliver(thread_key, acks, None, max_attempts=0))[0]
+
+    async def ack_and_deliver(
+        self, thread_key: str, acks: Sequence[Ack], next_entry: str | None, *, max_attempts: int
+    ) -> tuple[bool, int]:
+        """``ack``, then deliver ``next_entry`` to the same run in the same step; returns
+        (acknowledged, the delivery's result as ``deliver`` gives it, 0 with no entry)."""
         keys, session_prefix = self._delivery_keys(thread_key)
         args: list[Any] = [thread_key, self._idx, session_prefix, acks[0].run_id,
-                           self._stream_cfg]
+                           self._stream_cfg, next_entry or "", max_attempts]
         for a in acks:
             args += [a.entry_id, a.signal_id, a.result or ""]
-        return as_int(await self._script(self._ack, "inbox ack", keys, args)) == 1
+        ok, delivered = await self._script(self._ack, "inbox ack", keys, args)
+        return as_int(ok) == 1, as_int(delivered)
 
     async def note_failure(self, thread_key: str, signal_ids: Sequence[str], error: str) -> None:
         if signal_ids:

@@ -24,6 +24,7 @@ __all__ = ["Doorbell", "Run", "RunInfo"]
 #: How many inbox entries a run reads ahead at once, and how many bytes at most.
 READ_BATCH = 64
 READ_BYTES = 1 << 20
+_GONE = -3  # a buffered entry found gone when it was delivered ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +180,13 @@ class Run:
                 )
                 if attempt == -2:
                     await self._fenced()
-                if attempt == 0:
+                if attempt in (0, _GONE):
                     continue  # acknowledged, cancelled or dead-lettered meanwhile
                 if attempt < 0:
                     if self._on_dead_letter is not None:
                         self._on_dead_letter(entry)
                     continue
-                signal = replace(entry.signal, attempt=attempt)
+                signal = entry.signal.evolve(attempt=attempt)
                 self._unacked[signal.id] = replace(entry, signal=signal, attempts=attempt)
                 self.handed.append(signal)
                 return signal
@@ -249,9 +250,26 @@ class Run:
             result, f"result of signal {signal_id!r}", self._max_bytes
         )
         acks = [Ack(entry.entry_id, signal_id, self.run_id, encoded)]
-        if not await retry_unavailable(lambda: self._store.ack(self.thread_key, acks)):
+        ok = await retry_unavailable(lambda: self._acknowledge(acks))
+        if not ok:
             await self._fenced()
         self._unacked.pop(signal_id, None)
+
+    async def _acknowledge(self, acks: list[Ack]) -> bool:
+        """Acknowledge; when the next buffered entry will be handed out next, deliver it in
+        the same call (one round trip per signal while a backlog is worked through)."""
+        fused = getattr(self._store, "ack_and_deliver", None)
+        nxt = self._buffer[0] if self._buffer else None
+        if fused is None or nxt is None or nxt.delivered or (
+            nxt.mode == "queue" and self.handed
+        ):
+            return await self._store.ack(self.thread_key, acks)
+        ok, delivered = await fused(
+            self.thread_key, acks, nxt.entry_id, max_attempts=self._max_attempts
+        )
+        if ok and self._buffer and self._buffer[0] is nxt:
+            self._buffer[0] = replace(nxt, delivered=delivered if delivered else _GONE)
+        return bool(ok)
 
     async def ack_all(self) -> None:
         """Acknowledge every signal handed out and not yet acknowledged (the runtime calls

@@ -358,5 +358,6 @@ def decode_entry(
     if not isinstance(obj, dict):
         raise ValueError("signal JSON must be an object")
     entry_mode: EntryMode = "queue" if mode == "queue" else "deliver"
-    signal = Signal.from_dict(obj, attempt=max(1, attempts), mode=entry_mode)
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    signal = Signal.from_dict(obj, attempt=max(1, attempts), mode=entry_mode, encoded=text)
     return InboxEntry(entry_id, signal, entry_mode, attempts, len(raw), delivered)
