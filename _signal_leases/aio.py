@@ -5,14 +5,22 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Generic, TypeVar
 
 import anyio
+from anyio.abc import TaskGroup
 
 from .errors import BackendUnavailableError, UnsupportedBackendError
 
-__all__ = ["WakeQueue", "current_async_library", "require_asyncio", "retry_unavailable"]
+__all__ = [
+    "WakeQueue",
+    "current_async_library",
+    "owned_task_group",
+    "require_asyncio",
+    "retry_unavailable",
+]
 
 T = TypeVar("T")
 
@@ -88,3 +96,23 @@ async def retry_unavailable(
         except BackendUnavailableError:
             await anyio.sleep(delay)
             delay = min(delay * 2, max_delay)
+
+
+@asynccontextmanager
+async def owned_task_group() -> AsyncIterator[TaskGroup]:
+    """A task group for the lifetime of a context manager's body.
+
+    The children are cancelled when the body ends; an exception of the body propagates as it
+    is (anyio would wrap it in an ``ExceptionGroup`` if it left the group's block), so a user's
+    ``except ValueError`` around ``async with SignalRuntime(...)`` still works.
+    """
+    error: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        try:
+            yield tg
+        except Exception as exc:  # re-raised below, once the children are gone
+            error = exc
+        finally:
+            tg.cancel_scope.cancel()
+    if error is not None:
+        raise error

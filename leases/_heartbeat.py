@@ -32,6 +32,7 @@ import anyio
 import structlog
 from anyio import AsyncContextManagerMixin
 
+from _signal_leases.aio import owned_task_group
 from _signal_leases.validation import check_int
 
 from ._contract import AcquireResult, supports_batch_renewal, supports_lease_sessions
@@ -104,12 +105,9 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         self._next_renew = anyio.current_time() + self.renew_interval_ms / 1000
         self._open = True
         try:
-            async with anyio.create_task_group() as tg:
+            async with owned_task_group() as tg:
                 tg.start_soon(self._loop, name="lease heartbeat")
-                try:
-                    yield self
-                finally:
-                    tg.cancel_scope.cancel()
+                yield self
         finally:
             self._open = False
             await self._give_up_all()

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
 import structlog
+from anyio import AsyncContextManagerMixin
+
+from _signal_leases.aio import owned_task_group
 
 from ._errors import LeaseNotAcquiredError
-from ._heartbeat import safety_margin_ms
+from ._held import safety_margin_ms
 from ._validation import check_key, check_owner, check_ttl_ms
 
 if TYPE_CHECKING:
-    from types import TracebackType
-
-    from anyio.abc import TaskGroup
     from structlog.typing import FilteringBoundLogger
 
     from ._contract import LeaseProvider
@@ -27,7 +29,7 @@ logger: FilteringBoundLogger = structlog.get_logger("leases")
 RELEASE_TIMEOUT_S = 1.0
 
 
-class LeaseKeeper:
+class LeaseKeeper(AsyncContextManagerMixin):
     """Hold the lease on ``key`` for ``owner`` while the ``async with`` body runs.
 
     On enter it acquires the lease (idempotent: entering with a lease the owner already holds
@@ -80,7 +82,6 @@ class LeaseKeeper:
         self._margin_s = safety_margin_ms(ttl_ms) / 1000
         self._retry_s = max(0.001, min(renew_interval_ms, ttl_ms / 10) / 1000)
         self._log: FilteringBoundLogger = logger.bind(key=key, owner=owner)
-        self._tg: TaskGroup | None = None
         self._scope: anyio.CancelScope | None = None
         self._entered = False
         self._body_active = False
@@ -94,7 +95,8 @@ class LeaseKeeper:
     def _deadline_after(self, sent_at: float) -> float:
         return sent_at + self.ttl_ms / 1000 - self._margin_s
 
-    async def __aenter__(self) -> LeaseKeeper:
+    @asynccontextmanager
+    async def __asynccontextmanager__(self) -> AsyncGenerator[LeaseKeeper]:
         if self._entered:
             raise RuntimeError("a LeaseKeeper can be entered only once")
         self._entered = True
@@ -106,48 +108,22 @@ class LeaseKeeper:
         self._acquired_at = sent_at
         self._log = self._log.bind(token=result.token)
         self._log.debug("lease.acquired", ttl_ms=self.ttl_ms)
-        scope = anyio.CancelScope(deadline=self._deadline_after(sent_at))
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
+        scope = self._scope = anyio.CancelScope(deadline=self._deadline_after(sent_at))
         try:
-            self._scope = scope
-            tg.start_soon(self._heartbeat, name=f"lease heartbeat {self.key!r}")
-            scope.__enter__()
-            self._body_active = True
-        except BaseException:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
-            self._scope = None
-            await self._release()
-            raise
-        self._tg = tg
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        scope, tg = self._scope, self._tg
-        assert scope is not None and tg is not None, "LeaseKeeper exited without being entered"
-        swallowed: bool | None = None
-        try:
-            try:
-                self._body_active = False
-                swallowed = scope.__exit__(exc_type, exc, tb)
-            finally:
-                tg.cancel_scope.cancel()
-                # The body's exception is not passed in: it would come back in an ExceptionGroup.
-                await tg.__aexit__(None, None, None)
-                self._tg = None
+            async with owned_task_group() as tg:
+                tg.start_soon(self._heartbeat, name=f"lease heartbeat {self.key!r}")
+                with scope:  # swallows its own cancellation: the lease was lost
+                    self._body_active = True
+                    try:
+                        yield self
+                    finally:
+                        self._body_active = False
         finally:
             if not self.lost and (scope.cancel_called or anyio.current_time() >= scope.deadline):
                 # The deadline fired, or the body ran past it without a checkpoint.
                 self._mark_lost("renew deadline passed")
             if self.release_on_exit and not self.lost:
                 await self._release()
-        return True if swallowed else None
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost:

@@ -64,6 +64,8 @@ class RecoveryMixin:
             item: str | bool | None = False
             with anyio.move_on_at(min(next_presence, next_recover)):
                 item = await self._work.get()
+            if self._closed:
+                return  # leaving: the runtime's exit takes care of what is left
             try:
                 for thread_key in list(self._lost):
                     await self.inbox.index(thread_key)

@@ -20,7 +20,7 @@ import anyio
 import structlog
 from anyio import AsyncContextManagerMixin
 
-from _signal_leases.aio import WakeQueue
+from _signal_leases.aio import WakeQueue, owned_task_group
 from _signal_leases.errors import ClosedError
 from _signal_leases.validation import (
     check_choice,
@@ -180,7 +180,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
                 )
                 await self.inbox.register_runtime(self._info(), self.lease_ttl_ms)
                 stack.push_async_callback(self._unregister)
-            tg = await stack.enter_async_context(anyio.create_task_group())
+            tg = await stack.enter_async_context(owned_task_group())
             if self.agent is not None:
                 await stack.enter_async_context(
                     self.inbox.listen(self.runtime_id, self._on_notice, worker=True)

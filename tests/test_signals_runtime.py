@@ -593,3 +593,16 @@ async def test_logs_trace_a_signal_to_its_run() -> None:
     assert accepted["run_id"] == started["run_id"] == finished["run_id"]
     assert finished["signal_ids"] == ["sig-1"]
     assert isinstance(started["token"], int) and started["token"] == finished["token"]
+
+
+async def test_an_error_in_the_runtime_s_body_propagates_as_it_is() -> None:
+    async def agent(run: Run) -> None:
+        async for _ in run:
+            await anyio.sleep_forever()
+
+    with pytest.raises(LookupError, match="mine"):
+        async with InMemoryPubSub() as pubsub, SignalRuntime(
+            pubsub=pubsub, agent=agent, **parts()
+        ) as runtime:
+            await runtime.send("t", "x")
+            raise LookupError("mine")  # not an ExceptionGroup: the user's except still works
