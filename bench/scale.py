@@ -158,11 +158,13 @@ async def latency_part(url: str, k: int, samples: int) -> dict[str, Any]:
 
     async def agent(run: Run) -> None:
         async for signal in run:
-            if run.thread_key == "probe":
-                arrived[signal.id] = time.monotonic_ns()
-                await run.ack(signal)
-            else:
+            if run.thread_key != "probe":
                 await release.wait()
+                return
+            if signal.payload == "stop":
+                return
+            arrived[signal.id] = time.monotonic_ns()
+            await run.ack(signal)
 
     stream = f"{prefix}:raw"
 
@@ -188,7 +190,6 @@ async def latency_part(url: str, k: int, samples: int) -> dict[str, Any]:
     reader = redis.asyncio.Redis.from_url(url)
     async with RedisStreamsPubSub(url=url, key_prefix=prefix) as pubsub, SignalRuntime(
         pubsub=pubsub, agent=agent, lease_ttl_ms=3000, idle_wait_ms=600_000,
-        shutdown_timeout_ms=0,
     ) as worker, SignalRuntime(pubsub=pubsub, agent=None) as sender:
         for n in range(k):
             await worker.send(f"busy-{n}", n)
@@ -208,6 +209,8 @@ async def latency_part(url: str, k: int, samples: int) -> dict[str, Any]:
                 raw.append((await until(raw_arrived, sid) - t0) / 1e6)
             tg.cancel_scope.cancel()
         release.set()
+        await sender.send("probe", Signal("stop", id="stop"))
+        await worker.wait_idle()
     await client.aclose()
     await reader.aclose()
 

@@ -83,6 +83,14 @@ class Chain:
     def info(self) -> RunInfo:
         return RunInfo(self.run_id, self.thread_key, self.lease.token, self.started_at, self.runs)
 
+    def offer(self, entry: InboxEntry, run_id: str | None) -> None:
+        """A notice carried ``entry``, delivered to ``run_id``: hand it to that run, or ring."""
+        run = self.run
+        if run is not None and run.run_id == run_id and run_id == self.run_id:
+            run.offer(entry)
+        else:
+            self.doorbell.ring()
+
     def cancel_run(self, reason: str, run_id: str | None = None) -> bool:
         """Cancel the current run (only if it is ``run_id``, when given); the chain goes on."""
         if run_id is not None and run_id != self.run_id:

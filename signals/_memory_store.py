@@ -23,6 +23,7 @@ from ._memory_output import MemoryOutput
 from ._memory_presence import MemoryPresence
 from ._model import EntryMode, Receipt, Signal
 from ._store import (
+    CARRY_LIMIT,
     Accepted,
     Ack,
     Claim,
@@ -312,9 +313,13 @@ class InMemorySignalStore(MemoryOutput, MemoryPresence):
         if not accepted.fresh:
             return Routed(False, None, accepted.receipt, owner)
         if owner is not None:
+            carried = None
+            if mode == "deliver":
+                carried = self._carry(thread_key, accepted.entry_id, owner)
             if run_runtime(owner) != sender:
-                self._notify(run_runtime(owner), Notice("signal", thread_key, owner))
-            return Routed(True, accepted.entry_id, None, owner)
+                notice = Notice("signal", thread_key, owner, entry=carried)
+                self._notify(run_runtime(owner), notice)
+            return Routed(True, accepted.entry_id, None, owner, carried=carried is not None)
         if claim is not None:
             got = leases.table.acquire(thread_key, claim.owner, claim.ttl_ms, now, claim.session)
             if got.acquired:
@@ -325,6 +330,17 @@ class InMemorySignalStore(MemoryOutput, MemoryPresence):
         if wake_workers:
             self._notify(None, Notice("work", thread_key))
         return Routed(True, accepted.entry_id, None, None)
+
+    def _carry(self, thread_key: str, entry_id: str | None, owner: str) -> InboxEntry | None:
+        """Deliver a fresh small entry to the owner's run now (see ``FusedSignalStore``)."""
+        thread = self._threads[thread_key]
+        entry = thread.entries.get(_number(entry_id or "0"))
+        if entry is None or entry.size > CARRY_LIMIT:
+            return None
+        entry.attempts, entry.last_run = 1, owner
+        self._append(thread_key, PartIn("signal.received", owner, entry.signal.id,
+                                        '{"attempt":1}'))
+        return InboxEntry(str(entry.number), entry.signal, "deliver", 1, entry.size, delivered=1)
 
     async def release_if_idle(self, thread_key: str, owner: str, runtime_id: str) -> bool:
         await anyio.lowlevel.checkpoint()

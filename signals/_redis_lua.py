@@ -74,12 +74,15 @@ return {redis.call('HGET', KEYS[2], 'tmax') or '',
 """
 
 #: KEYS: inbox, seen, receipts, lease, fence, pending shard, claimer's thread set, attempts,
-#: meta. ARGV: 1 session prefix, 2 thread, 3 signal id, 4 signal JSON, 5 mode, 6 retention ms,
-#: 7 max receipts, 8 idle ttl ms, 9 claim owner ('' none), 10 claim ttl, 11 claim session,
-#: 12 sender runtime id, 13 notice channel prefix, 14 work channel, 15 wake workers '1'/'0',
-#: 16 idx, 17 index only '1'/'0' (accept without routing: always index the thread).
-#: Returns {fresh, entry id, original receipt (duplicates), owner, claimed, token}.
-ROUTE = LEASE_FUNCTIONS + _NOW + """
+#: meta, stream. ARGV: 1 session prefix, 2 thread, 3 signal id, 4 signal JSON, 5 mode,
+#: 6 retention ms, 7 max receipts, 8 idle ttl ms, 9 claim owner ('' none), 10 claim ttl,
+#: 11 claim session, 12 sender runtime id, 13 notice channel prefix, 14 work channel,
+#: 15 wake workers '1'/'0', 16 idx, 17 index only '1'/'0' (accept without routing: always
+#: index the thread), 18 stream cfg, 19 carry limit (bytes): a ``deliver`` signal for a live
+#: owner, no larger than this, is delivered to the owner's run in the same step and carried in
+#: the notice, so the run hands it out without reading the inbox.
+#: Returns {fresh, entry id, original receipt (duplicates), owner, claimed, token, carried}.
+ROUTE = LEASE_FUNCTIONS + _NOW + _PARTS_FN + """
 local retention = tonumber(ARGV[6])
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - retention, 'LIMIT', 0, 100)
 for _, id in ipairs(old) do redis.call('HDEL', KEYS[3], id) end
@@ -110,10 +113,16 @@ if ARGV[17] == '1' then
 end
 if owner then
   local rt = string.match(owner, '^(.*)/[^/]*$')
-  if rt and rt ~= ARGV[12] then
-    redis.call('PUBLISH', ARGV[13] .. rt, 'signal\\n' .. ARGV[2] .. '\\n' .. owner)
+  local carried = ''
+  if ARGV[5] == 'deliver' and #ARGV[4] <= tonumber(ARGV[19]) then
+    redis.call('HSET', KEYS[8], id, 1, id .. '@', owner)
+    add_part(KEYS[10], KEYS[9], ARGV[18], 'signal.received', owner, ARGV[3], '{"attempt":1}')
+    carried = '\\n\\n' .. id .. ' ' .. ARGV[4]
   end
-  return {1, id, false, owner, 0, false}
+  if rt and rt ~= ARGV[12] then
+    redis.call('PUBLISH', ARGV[13] .. rt, 'signal\\n' .. ARGV[2] .. '\\n' .. owner .. carried)
+  end
+  return {1, id, false, owner, 0, false, carried ~= '' and 1 or 0}
 end
 if ARGV[9] ~= '' and session_alive(ARGV[1], ARGV[11]) then
   local token = lease_grant(KEYS[4], KEYS[5], ARGV[9], ARGV[10], ARGV[11])

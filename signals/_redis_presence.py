@@ -21,7 +21,7 @@ import anyio
 
 from _signal_leases.redis_support import text
 
-from ._store import Notice, RuntimeInfo
+from ._store import Notice, RuntimeInfo, decode_entry
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -200,9 +200,14 @@ class RedisPresence:
             backoff = min(backoff * 2, 2.0)
 
 def _notice(data: Any) -> Notice:
-    kind, _, rest = text(data).partition("\n")
-    thread_key, _, rest = rest.partition("\n")
-    run_id, _, reason = rest.partition("\n")
+    kind, thread_key, run_id, reason, carried = (text(data).split("\n", 4) + [""] * 5)[:5]
     if kind not in ("signal", "work", "abort", "resync"):
         kind = "resync"  # unknown: treat as "look at everything"
-    return Notice(kind, thread_key, run_id or None, reason or None)  # type: ignore[arg-type]
+    entry = None
+    if carried:
+        entry_id, _, raw = carried.partition(" ")
+        try:
+            entry = decode_entry(entry_id, raw, "deliver", 1, delivered=1)
+        except (KeyError, TypeError, ValueError):
+            entry = None  # the run reads it instead
+    return Notice(kind, thread_key, run_id or None, reason or None, entry)  # type: ignore[arg-type]

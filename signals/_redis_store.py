@@ -44,6 +44,7 @@ from ._redis_lua import (
 from ._redis_output import RedisOutput
 from ._redis_presence import RedisPresence
 from ._store import (
+    CARRY_LIMIT,
     Accepted,
     Ack,
     Claim,
@@ -160,7 +161,8 @@ class RedisSignalStore(RedisOutput, RedisPresence):
             keys.append(k.runtime_threads(claim.runtime_id) if claim else keys[0])
         else:
             keys += [keys[0], keys[0]]  # not touched on a Cluster (idx '0')
-        return [*keys, k.thread(thread_key, "attempts"), k.thread(thread_key, "meta")]
+        return [*keys, k.thread(thread_key, "attempts"), k.thread(thread_key, "meta"),
+                k.thread(thread_key, "stream")]
 
     async def _do_route(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
@@ -175,12 +177,12 @@ class RedisSignalStore(RedisOutput, RedisPresence):
             claim.owner if claim else "", claim.ttl_ms if claim else 0,
             (claim.session or "") if claim else "", sender or "", self.keys.notice_prefix,
             self.keys.work_channel, "1" if wake_workers else "0", self._idx,
-            "1" if index_only else "0",
+            "1" if index_only else "0", self._stream_cfg, CARRY_LIMIT,
         ]
         reply = await self._script(
             self._route, f"send to thread {thread_key!r}", self._route_keys(thread_key, claim), args
         )
-        fresh, entry_id, receipt, owner, claimed, token = reply
+        fresh, entry_id, receipt, owner, claimed, token, *carried = reply
         routed = Routed(
             fresh=as_int(fresh) == 1,
             entry_id=text(entry_id) if entry_id else None,
@@ -188,6 +190,7 @@ class RedisSignalStore(RedisOutput, RedisPresence):
             owner=text(owner) if owner else None,
             claimed=as_int(claimed) == 1,
             token=as_int(token) if token else None,
+            carried=bool(carried) and as_int(carried[0]) == 1,
         )
         if self._idx == "0" and routed.fresh and routed.owner is None and not routed.claimed:
             await self._index([thread_key])

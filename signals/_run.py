@@ -57,7 +57,12 @@ class Doorbell:
         self._rung = False
 
     def ring(self) -> None:
+        """New input the run must read."""
         self._rung = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake a waiting run without asking it to read (it was handed input directly)."""
         if self._event is not None:
             self._event.set()
 
@@ -66,8 +71,14 @@ class Doorbell:
         rung, self._rung = self._rung, False
         return rung
 
+    @property
+    def rung(self) -> bool:
+        """A ring is pending (a read is due)."""
+        return self._rung
+
     async def wait(self, timeout: float) -> None:
-        """Return at the next ring (or at once if one is pending), or after ``timeout`` s."""
+        """Return at the next ring or wake (at once if a ring is pending), or after ``timeout``
+        seconds."""
         if self._rung:
             return
         self._event = anyio.Event()
@@ -130,6 +141,7 @@ class Run:
         self._unacked: dict[str, InboxEntry] = {}  # signal id -> entry, in hand-out order
         self._stopped = False
         self._more = True  # the inbox may hold entries this run has not read yet
+        self._reading = False
         self.handed: list[Signal] = []
 
     @property
@@ -195,6 +207,23 @@ class Run:
                 return None
             await self._doorbell.wait(remaining)
 
+    def offer(self, entry: InboxEntry) -> bool:
+        """Take an entry a notice carried (already delivered to this run): it goes straight
+        into the buffer when it is surely the next one (the run has read the whole inbox, no
+        read is due or under way, and it is newer than everything seen); otherwise a read is
+        due. Notices of one thread arrive in inbox order, so this never reorders signals."""
+        last = self._buffer[-1].entry_id if self._buffer else self._cursor
+        if (
+            self._reading or self._more or self._stopped or self._doorbell.rung
+            or entry.delivered != 1
+            or (last is not None and _order(entry.entry_id) <= _order(last))
+        ):
+            self._doorbell.ring()
+            return False
+        self._buffer.append(entry)
+        self._doorbell.wake()
+        return True
+
     async def prime(self) -> Signal | None:
         """Hand out the first pending signal before the agent starts (the one that woke the
         run): an agent that never reads still takes it (and commits it by returning)."""
@@ -213,13 +242,17 @@ class Run:
         read reached the end of the inbox, the next one waits for a ring (every signal
         accepted for this thread rings the run's doorbell; a reconnect rings them all)."""
         self._doorbell.take()
-        page = await retry_unavailable(
-            lambda: self._store.read(
-                self.thread_key, after=self._cursor, limit=READ_BATCH, max_bytes=READ_BYTES,
-                deliver_to=self.run_id, max_attempts=self._max_attempts,
-                skip_queued=bool(self.handed),
+        self._reading = True
+        try:
+            page = await retry_unavailable(
+                lambda: self._store.read(
+                    self.thread_key, after=self._cursor, limit=READ_BATCH, max_bytes=READ_BYTES,
+                    deliver_to=self.run_id, max_attempts=self._max_attempts,
+                    skip_queued=bool(self.handed),
+                )
             )
-        )
+        finally:
+            self._reading = False
         self._more = bool(getattr(page, "more", True))
         self._buffer.extend(page)
 
@@ -279,3 +312,9 @@ class Run:
             if not await retry_unavailable(lambda: self._store.ack(self.thread_key, acks)):
                 await self._fenced()
             self._unacked.clear()
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    """Entry ids in inbox order: Redis stream ids (``ms-seq``) or decimal counters."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -46,7 +46,7 @@ from ._recovery import RecoveryMixin
 from ._resolve import check_agent, check_pubsub, check_store, resolve_leases, resolve_signal_store
 from ._routing import Backend
 from ._run import Run, RunInfo
-from ._store import Notice, RuntimeInfo, SignalStore, run_runtime
+from ._store import InboxEntry, Notice, RuntimeInfo, SignalStore, run_runtime
 from ._streams import StreamsMixin
 
 if TYPE_CHECKING:
@@ -332,7 +332,11 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
                 chain.cancel_run("interrupt", owner)
             else:
                 await backend.abort(thread_key, owner, reason="interrupt", clear=False)
-        if chain is not None and (owner is None or run_runtime(owner) == self.runtime_id):
+        if chain is not None and routed.carried and routed.entry_id is not None:
+            carried = InboxEntry(routed.entry_id, signal.evolve(attempt=1, mode="deliver"),
+                                 "deliver", 1, len(signal.encode()), delivered=1)
+            chain.offer(carried, owner)
+        elif chain is not None and (owner is None or run_runtime(owner) == self.runtime_id):
             chain.doorbell.ring()
         elif owner is None and local and self.agent is not None:
             self._work.put(thread_key)  # our chain ended meanwhile: take the thread back
@@ -380,7 +384,9 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             return
         chain = self._chains.get(notice.thread_key)
         if notice.kind == "signal":
-            if chain is not None:
+            if chain is not None and notice.entry is not None:
+                chain.offer(notice.entry, notice.run_id)
+            elif chain is not None:
                 chain.doorbell.ring()
         elif notice.kind == "work":
             if chain is None:

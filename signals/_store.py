@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from leases import LeaseProvider
 
 __all__ = [
+    "CARRY_LIMIT",
     "STORE_METHODS",
     "Accepted",
     "Ack",
@@ -46,6 +47,10 @@ __all__ = [
     "is_signal_store",
     "run_runtime",
 ]
+
+#: Fused stores deliver a ``deliver`` signal up to this size (encoded) to the owner's run in
+#: the same step as accepting it, and carry it in the notice: no inbox read (see ``route``).
+CARRY_LIMIT = 16 * 1024
 
 NoticeKind: TypeAlias = Literal["signal", "work", "abort", "resync"]
 """``signal``: the thread has new input for its run. ``work``: a thread has pending work and no
@@ -146,6 +151,7 @@ class Notice:
     thread_key: str = ""
     run_id: str | None = None
     reason: str | None = None
+    entry: InboxEntry | None = None  # ``signal``: the entry, already delivered to ``run_id``
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,7 @@ class Routed:
     claimed: bool = False
     token: int | None = None
     empty: bool = False
+    carried: bool = False  # delivered to the owner's run already (see FusedSignalStore.route)
 
 
 class SignalStore(Protocol):
@@ -314,7 +321,9 @@ class FusedSignalStore(SignalStore, Protocol):
     * ``route``: ``accept``, then, for a fresh signal, in the same step: take the lease for
       ``claim`` if it is free (``claimed``), else notify the owner's runtime (unless it is
       ``sender``); with no owner and no claim, index the thread and (``wake_workers``)
-      notify the workers. A duplicate claims nothing.
+      notify the workers. A duplicate claims nothing. A store may also deliver a small
+      ``deliver`` signal to the owner's run in the same step and carry the entry in the
+      notice (``Notice.entry``, ``Routed.carried``): the run then hands it out without a read.
     * ``release_if_idle``: release ``owner``'s lease only if the inbox is empty.
     * ``claim_pending``: take the lease for ``claim`` if the thread has pending work and no
       live owner; a thread with no work or a live owner leaves the pending index.

@@ -475,7 +475,12 @@ class SignalStoreConformance:
             with anyio.fail_after(5):
                 while len(got) < 2 or len(other) < 2:  # noqa: ASYNC110 (as above)
                     await anyio.sleep(0.01)
-        assert got[1] == Notice("signal", owned, f"{owner_rt}/7")
+        notice = got[1]
+        assert (notice.kind, notice.thread_key, notice.run_id) == ("signal", owned, f"{owner_rt}/7")
+        if notice.entry is not None:  # carried: already delivered to that run
+            assert notice.entry.delivered == 1 and notice.entry.signal.payload == 1
+            [entry] = await store.read(owned)
+            assert entry.attempts == 1 and entry.entry_id == notice.entry.entry_id
         assert other[1] == Notice("work", free)
 
     async def test_release_if_idle_keeps_a_thread_with_work(

@@ -106,19 +106,20 @@ async def test_large_signals_never_stall_the_loop(
         async with anyio.create_task_group() as tg:
             tg.start_soon(probe.run)
             async with SignalRuntime(
-                pubsub=pubsub, agent=agent, inbox=store, lease_ttl_ms=3000,
+                pubsub=pubsub, agent=agent, inbox=store, lease_ttl_ms=6000,
                 max_signal_bytes=8 << 20, recover_interval_ms=100,
             ):
                 with anyio.fail_after(60):
                     await done.wait()
             tg.cancel_scope.cancel()
     assert count == 48
-    assert probe.worst < 1.0 / 4, f"the loop stalled for {probe.worst * 1000:.0f} ms (TTL/3 is 1 s)"
+    assert probe.worst < 0.5, f"the loop stalled for {probe.worst * 1000:.0f} ms (TTL/3 is 2 s)"
 
 
-async def test_a_routed_signal_costs_three_backend_calls() -> None:
-    """Steady state, the owner waiting: the sender's route, the owner's read (which delivers
-    the first entry in the same call) and its ack. Nothing else, and no lease call."""
+async def test_a_routed_signal_costs_two_backend_calls() -> None:
+    """Steady state, the owner waiting: the sender's route (which also delivers the signal to
+    the owner's run and carries it in the notice) and the owner's ack. No read, no lease
+    call."""
     leases = InMemoryLeaseProvider()
     store = RecordingSignalStore(InMemorySignalStore(leases=leases))
     first_done = anyio.Event()
@@ -148,7 +149,7 @@ async def test_a_routed_signal_costs_three_backend_calls() -> None:
             await acked.wait()
         calls = [c[0] for c in store.calls]
         assert owner.active_run("t") is not None  # the same run got it: no handoff, no claim
-    assert calls == ["route", "read", "ack"], calls
+    assert calls == ["route", "ack"], calls
 
 
 @pytest.mark.redis
