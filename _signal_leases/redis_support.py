@@ -9,6 +9,7 @@ library's error tree, telling transient failures from permanent ones.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,17 +28,22 @@ __all__ = [
     "DEFAULT_SOCKET_TIMEOUT_S",
     "UNAVAILABLE",
     "RedisHandle",
+    "WaitingRedisCluster",
     "as_int",
+    "atomic_pipeline",
+    "is_cluster",
     "is_permanent",
     "map_errors",
+    "node_reader_client",
     "reader_client",
+    "refresh_slots",
     "side_client",
     "stream_id",
     "text",
 ]
 
 #: Socket read and connect timeout of clients built from a URL, in seconds.
-DEFAULT_SOCKET_TIMEOUT_S = 1.0
+DEFAULT_SOCKET_TIMEOUT_S = 2.0
 #: Connections in the pool of a client built from a URL (callers wait beyond that).
 DEFAULT_MAX_CONNECTIONS = 32
 
@@ -49,6 +55,8 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
     rex.ReadOnlyError,
     rex.TryAgainError,
     rex.ClusterDownError,
+    rex.AskError,  # and MovedError: the slot moved (failover, resharding) under this call
+    rex.SlotNotCoveredError,  # a Cluster client whose slot map has a hole just now
     rex.OutOfMemoryError,
     OSError,
 )
@@ -62,13 +70,21 @@ _PERMANENT: tuple[type[Exception], ...] = (
 
 
 def is_permanent(exc: BaseException) -> bool:
-    """True for a failure that retrying cannot fix (auth, ACL, wrong database, script error)."""
+    """True for a failure that retrying cannot fix (auth, ACL, wrong database, script error,
+    a command whose keys cross Cluster slots)."""
     if isinstance(exc, _PERMANENT):
         return True
+    if isinstance(exc, rex.RedisClusterException):  # not a RedisError: redis-py's own checks
+        return not isinstance(exc, UNAVAILABLE) and not _cluster_unreachable(exc)
     if isinstance(exc, rex.ConnectionError) and "Invalid Database" in str(exc):
         return True
     # WRONGTYPE, script errors, "DB index is out of range", ...
     return isinstance(exc, rex.ResponseError) and not isinstance(exc, UNAVAILABLE)
+
+
+def _cluster_unreachable(exc: BaseException) -> bool:
+    """redis-py found no node of the Cluster to talk to (all down, or mid-failover)."""
+    return isinstance(exc, rex.RedisClusterException) and "cannot be connected" in str(exc)
 
 
 @contextmanager
@@ -79,10 +95,10 @@ def map_errors(operation: str) -> Iterator[None]:
         yield
     except (BackendUnavailableError, BackendPermanentError):
         raise
-    except (rex.RedisError, OSError) as exc:
+    except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
         if is_permanent(exc):
             raise BackendPermanentError(f"Redis refused {operation}: {exc}") from exc
-        if isinstance(exc, UNAVAILABLE):
+        if isinstance(exc, UNAVAILABLE) or _cluster_unreachable(exc):
             raise BackendUnavailableError(f"Redis unavailable during {operation}: {exc}") from exc
         raise
 
@@ -107,6 +123,28 @@ def stream_id(value: object) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+class WaitingRedisCluster(redis.asyncio.RedisCluster):
+    """A ``RedisCluster`` whose callers *wait* for a connection instead of failing.
+
+    redis-py's per-node pools raise ``MaxConnectionsError`` as soon as a node has
+    ``max_connections`` commands in flight; the standalone clients of this library wait
+    instead (a busy pool is latency, never an error). This client lets at most
+    ``command_slots`` commands run at once (the others wait their turn) and gives every node
+    a pool twice that size, so single commands never exhaust a node and pipelines (which
+    take one connection per node besides) have room too.
+    """
+
+    def __init__(self, *args: Any, command_slots: int = DEFAULT_MAX_CONNECTIONS,
+                 **kwargs: Any) -> None:
+        kwargs["max_connections"] = 2 * command_slots
+        super().__init__(*args, **kwargs)
+        self._command_slots = asyncio.Semaphore(command_slots)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self._command_slots:
+            return await super().execute_command(*args, **kwargs)
+
+
 class RedisHandle:
     """Who owns the Redis client: built here from ``url`` (and closed by :meth:`aclose`), or
     the caller's ``client`` (never closed here). Give exactly one.
@@ -114,7 +152,9 @@ class RedisHandle:
     A client built from ``url`` gets ``socket_timeout`` as both its connect and read timeout,
     at most one retry, and ``max_connections`` pooled connections that callers *wait* for (a
     busy pool is latency, never an error). ``cluster=True`` builds a
-    ``redis.asyncio.RedisCluster`` instead (one such pool per node).
+    ``redis.asyncio.RedisCluster`` instead (a :class:`WaitingRedisCluster`: at most
+    ``max_connections`` commands at once, the others wait; pools per node). Call
+    :meth:`ready` before the first command on a Cluster.
     """
 
     def __init__(
@@ -147,6 +187,7 @@ class RedisHandle:
             self.owns_client = False
             self.client = client
         self.cluster = isinstance(self.client, redis.asyncio.RedisCluster)
+        self.initialized = not self.cluster  # see ready()
 
     def _from_url(self, url: str, cluster: bool) -> Any:
         common: dict[str, Any] = {
@@ -157,8 +198,8 @@ class RedisHandle:
         }
         try:
             if cluster:
-                return redis.asyncio.RedisCluster.from_url(
-                    url, max_connections=self.max_connections, **common
+                return WaitingRedisCluster.from_url(
+                    url, command_slots=self.max_connections, **common
                 )
             pool = redis.asyncio.BlockingConnectionPool.from_url(
                 url, max_connections=self.max_connections, timeout=self.socket_timeout * 5,
@@ -171,6 +212,17 @@ class RedisHandle:
     def require_asyncio(self) -> None:
         """Raise ``UnsupportedBackendError`` unless running on asyncio."""
         require_asyncio(self.what)
+
+    async def ready(self) -> None:
+        """Let a Cluster client learn the slot map before its first command (a no-op after
+        that, and for standalone clients). redis-py 8 picks the node of a command sent
+        before the client has initialised without looking at its keys, so many commands
+        sent at once by a fresh client go to wrong nodes; the ``MOVED`` replies then make
+        it close every connection, including those other commands are using."""
+        if not self.initialized:
+            with map_errors(f"{self.what}: connect to the cluster"):
+                await self.client.initialize()
+            self.initialized = True
 
     async def aclose(self) -> None:
         """Close the client if it was built here."""
@@ -192,18 +244,61 @@ def side_client(client: Any, *, name: str, connections: int = 2) -> Any:
     return redis.asyncio.Redis.from_pool(side)
 
 
-def reader_client(client: redis.asyncio.Redis, *, block_ms: int, name: str) -> redis.asyncio.Redis:
-    """A client for blocking reads on its own connection, with ``client``'s connection settings
-    but a socket timeout above ``block_ms`` and no retries (a retried blocking XREADGROUP can
-    hand entries to a connection that is then dropped)."""
-    pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
+def is_cluster(client: object) -> bool:
+    """Whether ``client`` is a ``redis.asyncio.RedisCluster``."""
+    return isinstance(client, redis.asyncio.RedisCluster)
+
+
+def atomic_pipeline(client: Any) -> Any:
+    """A MULTI/EXEC pipeline for commands on one key (or one slot).
+
+    On a Cluster it is a cluster transaction where redis-py offers one (the commands' keys
+    must share a slot). Older redis-py refuses transactions on a Cluster: then it is a plain
+    pipeline: the commands still reach their one node in order over one connection, only
+    not atomically."""
+    try:
+        return client.pipeline(transaction=True)
+    except rex.RedisClusterException:
+        return client.pipeline(transaction=False)
+
+
+def _blocking_reader(
+    connection_class: Any, kwargs: dict[str, Any], *, block_ms: int, name: str
+) -> redis.asyncio.Redis:
+    kwargs = dict(kwargs)
     kwargs["socket_timeout"] = block_ms / 1000 + 5
     kwargs["retry"] = Retry(NoBackoff(), 0)
     kwargs.pop("retry_on_timeout", None)
     kwargs.pop("retry_on_error", None)
     kwargs["client_name"] = name
     reader_pool = redis.asyncio.ConnectionPool(
-        connection_class=pool.connection_class, max_connections=2, **kwargs
+        connection_class=connection_class, max_connections=2, **kwargs
     )
     return redis.asyncio.Redis.from_pool(reader_pool)
+
+
+def reader_client(client: redis.asyncio.Redis, *, block_ms: int, name: str) -> redis.asyncio.Redis:
+    """A client for blocking reads on its own connection, with ``client``'s connection settings
+    but a socket timeout above ``block_ms`` and no retries (a retried blocking XREADGROUP can
+    hand entries to a connection that is then dropped)."""
+    pool = client.connection_pool
+    return _blocking_reader(
+        pool.connection_class, pool.connection_kwargs, block_ms=block_ms, name=name
+    )
+
+
+def node_reader_client(node: Any, *, block_ms: int, name: str) -> redis.asyncio.Redis:
+    """:func:`reader_client` for one node of a Cluster (a ``ClusterNode``): a plain client
+    to that node only, with the cluster client's connection settings. It follows no
+    redirection: a command for a key the node does not serve raises ``MovedError``."""
+    return _blocking_reader(
+        node.connection_class, node.connection_kwargs, block_ms=block_ms, name=name
+    )
+
+
+async def refresh_slots(client: Any) -> None:
+    """Make a Cluster client fetch the slot map again now (after a failover or a
+    resharding its cached map sends commands to a dead or wrong node until it notices)."""
+    if is_cluster(client):
+        with map_errors("refresh of the cluster's slot map"):
+            await client.nodes_manager.initialize()

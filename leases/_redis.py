@@ -3,7 +3,8 @@
 Key layout: ``_signal_leases.keys.LeaseKeys``; scripts: :mod:`leases._lua`. Per-key leases
 expire on their own (``PX``); session leases live as long as their session key, so one
 ``PEXPIRE`` keeps all of them (standalone Redis only: on a Cluster a session would cross
-slots, and :meth:`RedisLeaseProvider.open_lease_session` returns ``None``). redis-py is
+slots, and :meth:`RedisLeaseProvider.open_lease_session` returns ``None``). Every script
+touches the keys of one lease only, which share a hash tag: one slot on a Cluster. redis-py is
 asyncio-only, so every call checks the running async library first.
 """
 
@@ -13,6 +14,9 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 
+import redis.exceptions as rex
+
+from _signal_leases.errors import BackendUnavailableError
 from _signal_leases.keys import LeaseKeys
 from _signal_leases.redis_support import (
     DEFAULT_MAX_CONNECTIONS,
@@ -23,7 +27,7 @@ from _signal_leases.redis_support import (
     side_client,
     text,
 )
-from _signal_leases.validation import check_str
+from _signal_leases.validation import check_int, check_str
 
 from ._contract import AcquireResult
 from ._info import LeaseInfo
@@ -40,6 +44,7 @@ __all__ = ["RedisLeaseProvider"]
 
 
 _CHUNK = 1000  # leases per RENEW_MANY call: each call blocks the server for a few ms at most
+DEFAULT_WAIT_TIMEOUT_MS = 500  # WAIT's timeout with wait_replicas > 0 (below the socket timeout)
 
 
 class RedisLeaseProvider:
@@ -50,26 +55,53 @@ class RedisLeaseProvider:
     ``redis.asyncio.Redis`` or ``RedisCluster`` the caller keeps owning); ``cluster=True`` with
     ``url`` builds a ``RedisCluster``. Renewals use two connections of their own (so a busy
     pool never delays them past a deadline) when the provider built its client, or with
-    ``dedicated_renewals=True`` (then call :meth:`aclose`). ``key_prefix`` namespaces the keys.
+    ``dedicated_renewals=True`` (then call :meth:`aclose`); on a Cluster they share the
+    client's per-node pools. ``key_prefix`` namespaces the keys.
     Unreachable Redis raises :class:`BackendUnavailableError` (never read that as "the lease
     is free"); auth, ACL and script failures raise :class:`BackendPermanentError`.
 
     ``transfer_lease`` returns ``True`` without a new token when ``to_owner`` already holds
     the lease, so a transfer that redis-py re-sends after a timeout still reports success.
+
+    Redis Cluster: every script touches one lease's keys, which share a hash tag (one slot).
+    Lease sessions are not offered (:meth:`open_lease_session` returns ``None``: a session
+    key would sit in another slot than its leases), so holders renew per key or in batches
+    (:meth:`renew_leases` groups by slot and sends one pipeline per node).
+
+    Replication. Redis acknowledges a write before its replicas have it; a master that dies
+    right then loses it when a replica takes over. For leases that means a grant, a renewal
+    or a fencing-counter increment the client was told about can be gone: a lease may expire
+    early, two owners may each have been granted the key, and the same fencing token may be
+    issued twice. ``wait_replicas=N`` (default 0: off) closes that window: every mutating call
+    (acquire, renew, batched renewal, release, transfer, and the session commands) is
+    followed, on the same connection of the same node, by ``WAIT N wait_timeout_ms``, and
+    raises :class:`BackendUnavailableError` when fewer than ``N`` replicas acknowledged in
+    time (the write may still have been applied: a repeated acquire or transfer by the same
+    owner is idempotent). The cost is latency: each mutating call takes a replication round
+    trip more (about one network RTT to the slowest of the ``N`` replicas; up to
+    ``wait_timeout_ms`` when a replica lags), and while a master has fewer than ``N``
+    replicas connected (after a failover, until the old master rejoins as a replica) its
+    keys' mutating calls fail. Keep ``wait_timeout_ms`` below the client's socket timeout.
+    ``WAIT`` is not a consensus protocol: with ``N`` equal to the replicas per master, the
+    replica promoted after a single failure has every acknowledged write.
     """
 
     def __init__(
         self,
         *,
         url: str | None = None,
-        client: redis.asyncio.Redis | None = None,
+        client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None,
         key_prefix: str = "leases",
         cluster: bool = False,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         dedicated_renewals: bool | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         check_str("key_prefix", key_prefix)
+        self.wait_replicas = check_int("wait_replicas", wait_replicas, minimum=0)
+        self.wait_timeout_ms = check_int("wait_timeout_ms", wait_timeout_ms)
         self._handle = RedisHandle(
             "RedisLeaseProvider", url=url, client=client, cluster=cluster,
             socket_timeout=socket_timeout, max_connections=max_connections,
@@ -99,10 +131,92 @@ class RedisLeaseProvider:
         """The Redis key of the fencing counter for ``key``."""
         return self.keys.fence(key)
 
-    async def _call(self, script: AsyncScript, operation: str, keys: list[str], *args: Any) -> Any:
+    async def _call(
+        self, script: AsyncScript, operation: str, keys: list[str], *args: Any, writes: bool = True
+    ) -> Any:
         self._handle.require_asyncio()
-        with map_errors(operation):
+        try:  # one try per call (not a context manager): this is the hot path
+            if not self._handle.initialized:
+                await self._handle.ready()
+            if writes and self.wait_replicas:
+                replies = await self._scripts(
+                    self.client, script, [(keys, [self._session_prefix, *args])], operation
+                )
+                return replies[0]
             return await script(keys=keys, args=[self._session_prefix, *args])
+        except Exception as exc:
+            with map_errors(operation):
+                raise exc
+
+    # -- pipelines, WAIT -------------------------------------------------------------------
+
+    async def _scripts(
+        self,
+        client: Any,
+        script: AsyncScript,
+        calls: Sequence[tuple[list[str], list[Any]]],
+        operation: str,
+    ) -> list[Any]:
+        """Run ``script`` once per (keys, args) in ``calls``: one pipeline, so one round trip
+        per node, each node's EVALSHAs followed by WAIT when ``wait_replicas`` is set. A node
+        that lacks the script (a restart, a failover) gets SCRIPT LOAD and its calls again."""
+        commands = [
+            (keys[0], "EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
+        ]
+        replies = await self._pipeline(client, commands, operation)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, rex.NoScriptError)]
+        if missing:
+            await client.script_load(script.script)  # on a Cluster: every primary
+            again = await self._pipeline(client, [commands[i] for i in missing], operation)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def _pipeline(
+        self, client: Any, commands: Sequence[tuple[Any, ...]], operation: str
+    ) -> list[Any]:
+        """Send ``commands`` (each ``(routing key, *command)``) in one pipeline; with
+        ``wait_replicas``, end each node's part with WAIT and check every node's count.
+
+        Returns the replies of ``commands`` (exceptions in place). On a Cluster, a command
+        redirected to another node (``MOVED`` during a failover or resharding) is not covered
+        by that node's WAIT: then the call raises :class:`BackendUnavailableError`."""
+        wait = self.wait_replicas
+        cluster = self._handle.cluster
+        nodes: dict[str, Any] = {}
+        async with client.pipeline(transaction=False) as pipe:
+            for routing_key, *command in commands:
+                pipe.execute_command(*command)
+                if wait and cluster:
+                    node = client.get_node_from_key(routing_key)
+                    nodes[node.name] = node
+            if wait:
+                if cluster:
+                    for node in nodes.values():
+                        pipe.execute_command("WAIT", wait, self.wait_timeout_ms, target_nodes=node)
+                else:
+                    pipe.execute_command("WAIT", wait, self.wait_timeout_ms)
+            results = await pipe.execute(raise_on_error=False)
+        replies = list(results[: len(commands)])
+        for acked in results[len(commands) :]:
+            if isinstance(acked, Exception):
+                raise acked
+            if as_int(acked) < wait:
+                raise BackendUnavailableError(
+                    f"Redis did not replicate {operation} to {wait} replica(s) within "
+                    f"{self.wait_timeout_ms} ms (only {as_int(acked)} acknowledged)"
+                )
+        if wait and cluster:
+            moved = {client.get_node_from_key(c[0]).name for c in commands} - set(nodes)
+            if moved:
+                raise BackendUnavailableError(
+                    f"{operation}: slots moved to {sorted(moved)} meanwhile (not confirmed "
+                    f"by WAIT)"
+                )
+        return replies
 
     # -- LeaseProvider ---------------------------------------------------------------------
 
@@ -124,7 +238,9 @@ class RedisLeaseProvider:
 
     async def get_lease_owner(self, key: str) -> str | None:
         check_key(key)
-        reply = await self._call(self._owner, f"get_lease_owner of {key!r}", [self.keys.lease(key)])
+        reply = await self._call(
+            self._owner, f"get_lease_owner of {key!r}", [self.keys.lease(key)], writes=False
+        )
         return text(reply) if reply else None
 
     async def release_lease(self, key: str, owner: str) -> None:
@@ -134,11 +250,17 @@ class RedisLeaseProvider:
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_key(key), check_owner(owner), check_ttl_ms(ttl_ms)
         self._handle.require_asyncio()
+        await self._handle.ready()
         self._renewal_client()
+        keys, args = [self.keys.lease(key)], [self._session_prefix, owner, ttl_ms]
         with map_errors(f"renew of lease {key!r}"):
-            reply = await self._renew_on_renewer(
-                keys=[self.keys.lease(key)], args=[self._session_prefix, owner, ttl_ms]
-            )
+            if self.wait_replicas:
+                replies = await self._scripts(
+                    self._renewer, self._renew_on_renewer, [(keys, args)], f"renew of {key!r}"
+                )
+                reply = replies[0]
+            else:
+                reply = await self._renew_on_renewer(keys=keys, args=args)
         return as_int(reply) == 1
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
@@ -153,35 +275,35 @@ class RedisLeaseProvider:
     # -- batched renewal -------------------------------------------------------------------
 
     async def renew_leases(self, items: Sequence[tuple[str, str]], ttl_ms: int) -> set[str]:
-        """Renew many leases in one round trip (chunks of 1,000 in one pipeline; on a Cluster,
-        one script per slot, pipelined per node). Returns the keys still held."""
+        """Renew many ``(key, owner)`` leases for ``ttl_ms``; returns the keys still held.
+
+        Standalone Redis: one ``RENEW_MANY`` script per 1,000 leases, all in one pipeline
+        (one round trip). Redis Cluster: the leases are grouped by hash slot (a script may only
+        touch one slot), one ``RENEW_MANY`` per slot (per 1,000 leases of a slot), and the
+        scripts of all the slots a node serves go to that node in one pipeline: one round trip
+        per master, the masters in parallel. So K leases spread over S slots cost S EVALSHA
+        commands (about K while K is much smaller than 16,384) but only one round trip per
+        node. With ``wait_replicas`` each node's pipeline ends with one ``WAIT``. A node that
+        lost the script (restart, failover) gets ``SCRIPT LOAD`` and a second round trip."""
         check_ttl_ms(ttl_ms)
         items = [(check_key(k), check_owner(o)) for k, o in items]
         if not items:
             return set()
         self._handle.require_asyncio()
+        await self._handle.ready()
         chunks = self._chunks(items)
         kept: set[str] = set()
         client = self._renewal_client()
-        script = self._renew_many_on_renewer
-        with map_errors(f"renewal of {len(items)} leases"):
-            if self._handle.cluster:
-                replies = [
-                    await script(
-                        keys=[self.keys.lease(k) for k, _ in chunk],
-                        args=[self._session_prefix, ttl_ms, *(o for _, o in chunk)],
-                    )
-                    for chunk in chunks
-                ]
-            else:
-                async with client.pipeline(transaction=False) as pipe:
-                    for chunk in chunks:
-                        await script(
-                            keys=[self.keys.lease(k) for k, _ in chunk],
-                            args=[self._session_prefix, ttl_ms, *(o for _, o in chunk)],
-                            client=pipe,
-                        )
-                    replies = await pipe.execute()
+        operation = f"renewal of {len(items)} leases"
+        calls = [
+            (
+                [self.keys.lease(k) for k, _ in chunk],
+                [self._session_prefix, ttl_ms, *(o for _, o in chunk)],
+            )
+            for chunk in chunks
+        ]
+        with map_errors(operation):
+            replies = await self._scripts(client, self._renew_many_on_renewer, calls, operation)
         for chunk, reply in zip(chunks, replies, strict=True):
             kept.update(chunk[as_int(i) - 1][0] for i in reply)
         return kept
@@ -209,8 +331,14 @@ class RedisLeaseProvider:
             return None
         self._handle.require_asyncio()
         session = uuid.uuid4().hex
+        key = self.keys.session(session)
         with map_errors("open of a lease session"):
-            await self.client.set(self.keys.session(session), "1", px=ttl_ms, nx=True)
+            if self.wait_replicas:
+                await self._checked(
+                    self.client, [(key, "SET", key, "1", "PX", ttl_ms, "NX")], "open of a session"
+                )
+            else:
+                await self.client.set(key, "1", px=ttl_ms, nx=True)
         return session
 
     async def renew_lease_session(self, session: str, ttl_ms: int) -> bool:
@@ -218,22 +346,43 @@ class RedisLeaseProvider:
         has expired (its leases are free; open a new one)."""
         check_owner(session, "session"), check_ttl_ms(ttl_ms)
         self._handle.require_asyncio()
+        key = self.keys.session(session)
         with map_errors("renewal of a lease session"):
-            return bool(await self._renewal_client().pexpire(self.keys.session(session), ttl_ms))
+            if self.wait_replicas:
+                replies = await self._checked(
+                    self._renewal_client(), [(key, "PEXPIRE", key, ttl_ms)], "session renewal"
+                )
+                return bool(replies[0])
+            return bool(await self._renewal_client().pexpire(key, ttl_ms))
 
     async def close_lease_session(self, session: str) -> None:
         """End ``session``: every lease in it is free at once."""
         check_owner(session, "session")
         self._handle.require_asyncio()
+        key = self.keys.session(session)
         with map_errors("close of a lease session"):
-            await self.client.delete(self.keys.session(session))
+            if self.wait_replicas:
+                await self._checked(self.client, [(key, "DEL", key)], "close of a session")
+            else:
+                await self.client.delete(key)
+
+    async def _checked(
+        self, client: Any, commands: Sequence[tuple[Any, ...]], operation: str
+    ) -> list[Any]:
+        replies = await self._pipeline(client, commands, operation)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     # -- inspection and lifecycle ----------------------------------------------------------
 
     async def lease_info(self, key: str) -> LeaseInfo | None:
         """Owner, remaining TTL (``None`` if the key has no expiry) and token, or ``None``."""
         check_key(key)
-        reply = await self._call(self._info, f"lease_info of {key!r}", [self.keys.lease(key)])
+        reply = await self._call(
+            self._info, f"lease_info of {key!r}", [self.keys.lease(key)], writes=False
+        )
         if not reply:
             return None
         owner, token, pttl = reply[0], reply[1], reply[2]

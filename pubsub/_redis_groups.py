@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from _signal_leases.errors import BackendError
-from _signal_leases.redis_support import map_errors, stream_id, text
+from _signal_leases.redis_support import atomic_pipeline, map_errors, stream_id, text
 
 from ._redis_slots import PAGE, Item, RedisSubscription, Slot
 
@@ -86,7 +86,7 @@ class GroupTable:
     async def _create(self, slot: Slot, start: str, *, replace: bool) -> None:
         """XGROUP CREATE at ``start`` (MKSTREAM; an existing group keeps its position unless
         ``replace``), the idle TTL, and the group's position, in one MULTI."""
-        async with self.ctx.client.pipeline(transaction=True) as pipe:
+        async with atomic_pipeline(self.ctx.client) as pipe:
             if replace:
                 pipe.xgroup_destroy(slot.stream, slot.group)
             pipe.xgroup_create(slot.stream, slot.group, id=start, mkstream=True)

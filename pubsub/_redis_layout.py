@@ -81,7 +81,7 @@ class StreamsSettings:
 class StreamsContext:
     """The client, names, settings and logger of one ``RedisStreamsPubSub``."""
 
-    client: Any  # redis.asyncio.Redis (Any: redis-py's command methods are loosely typed)
+    client: Any  # redis.asyncio.Redis or RedisCluster (Any: loosely typed command methods)
     layout: StreamsLayout
     settings: StreamsSettings
     process_id: str

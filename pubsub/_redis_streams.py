@@ -7,12 +7,15 @@ Layout: one stream per topic, ``<prefix>:topic:<topic>``, the event JSON in fiel
   and the delivery of one entry (retries, XACK after success, never XDEL);
 * :mod:`._redis_groups`: which groups exist and where each group and member starts; private
   fan-out groups (``fanout:<process id>``) are destroyed with their last subscription;
-* :mod:`._redis_reader`: the one reader connection per process (XREADGROUP);
+* :mod:`._redis_reader`: the reader connection of the process (XREADGROUP); on a Redis
+  Cluster one per node that serves subscribed streams, with no command crossing slots;
 * :mod:`._redis_housekeeping`: liveness, reclaim of dead consumers' entries, and the sweep of
   dead processes' private groups.
 
 Streams are bounded: approximate ``MAXLEN`` on every XADD and a sliding idle TTL (``PEXPIRE``)
-in the same MULTI. Leases live next to the streams: :meth:`RedisStreamsPubSub.get_lease_provider`.
+in the same MULTI. Every command names one stream or one key, so every one of them stays in
+one hash slot on a Redis Cluster. Leases live next to the streams:
+:meth:`RedisStreamsPubSub.get_lease_provider`.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from _signal_leases.redis_support import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SOCKET_TIMEOUT_S,
     RedisHandle,
+    atomic_pipeline,
     map_errors,
-    reader_client,
 )
 from _signal_leases.validation import check_identifier, check_int, check_str
 from leases import RedisLeaseProvider
@@ -73,6 +76,12 @@ class RedisStreamsPubSub(PubSubBase):
     ``reclaim_idle_ms`` is taken for dead: its private groups are reaped. ``consumer_name``
     (no ``:``; unique among live processes) defaults to pid plus random.
 
+    Redis Cluster (``cluster=True``, or a ``RedisCluster`` client): every command names one
+    stream or one key, so none crosses slots; the reader reads each stream with an
+    ``XREADGROUP`` of its own, on one blocking connection per node that serves subscribed
+    streams, and follows failovers and resharding (the streams move to their new node's
+    connection). Liveness, reclaim (XAUTOCLAIM) and sweeps work per stream as on one server.
+
     :meth:`get_lease_provider` returns the ``leases.RedisLeaseProvider`` on the same client
     (keys under ``<key_prefix>:lease``); the signal runtime finds it through
     ``leases.resolve_lease_provider``.
@@ -85,7 +94,7 @@ class RedisStreamsPubSub(PubSubBase):
         self,
         *,
         url: str | None = None,
-        client: redis.asyncio.Redis | None = None,
+        client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None,
         key_prefix: str = "pubsub",
         max_stream_length: int = 10_000,
         stream_idle_ttl_ms: int = 7 * 86_400_000,
@@ -157,22 +166,19 @@ class RedisStreamsPubSub(PubSubBase):
 
     @asynccontextmanager
     async def backend_lifespan(self) -> AsyncIterator[None]:
-        """The reader connection, the liveness key and the two loops, while entered; at exit
-        the private groups and the liveness key go, and a client built here is closed."""
+        """The reader connection(s), the liveness key and the two loops, while entered; at
+        exit the private groups and the liveness key go, and a client built here is closed."""
         self._handle.require_asyncio()
-        reader = reader_client(
-            self.redis_client, block_ms=self._ctx.settings.block_ms,
-            name=self._ctx.layout.reader_name(self.process_id),
-        )
         try:
+            await self._handle.ready()
             with map_errors("connect"):
                 await self._housekeeper.beat()
         except BaseException:
-            await self._close_clients(reader)
+            await self._close_clients()
             raise
         try:
             async with owned_task_group() as tg:
-                await tg.start(self._reader.run, reader, name="pubsub redis reader")
+                await tg.start(self._reader.run, name="pubsub redis reader")
                 await tg.start(self._housekeeper.run, name="pubsub redis housekeeping")
                 yield
         finally:
@@ -183,11 +189,10 @@ class RedisStreamsPubSub(PubSubBase):
                 except BackendError as exc:
                     self._ctx.log.debug("pubsub.group_destroy_failed", topic=None, error=repr(exc))
                 await self._housekeeper.forget_self()
-            await self._close_clients(reader)
+            await self._close_clients()
 
-    async def _close_clients(self, reader: redis.asyncio.Redis) -> None:
+    async def _close_clients(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-            await reader.aclose()
             await self._leases.aclose()  # its renewal pool (the shared client is not its own)
             await self._handle.aclose()
 
@@ -202,9 +207,11 @@ class RedisStreamsPubSub(PubSubBase):
 
     async def backend_publish(self, topic: str, event: Event, wire: str) -> None:
         self._handle.require_asyncio()
+        if not self._handle.initialized:
+            await self._handle.ready()
         stream = self._ctx.layout.stream(topic)
         with map_errors(f"publish to {topic!r}"):
-            async with self.redis_client.pipeline(transaction=True) as pipe:
+            async with atomic_pipeline(self.redis_client) as pipe:
                 pipe.xadd(
                     stream, {"event": wire},
                     maxlen=self._ctx.settings.max_stream_length or None, approximate=True,

@@ -4,7 +4,8 @@
 tests marked ``redis`` run on asyncio only (redis-py is asyncio-only); tests marked
 ``mock_clock`` also run on trio with a ``MockClock`` (virtual time, id ``trio-mockclock``); a
 test may still pin it with ``@pytest.mark.parametrize("anyio_backend", [...])``. Without
-``redis-server`` the Redis tests skip locally; with ``CI=true`` they fail.
+``redis-server`` the Redis tests skip locally; with ``CI=true`` they fail. The same holds for
+the Redis Cluster tests (marked ``cluster`` and ``redis``), which also need ``redis-cli``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests._redis_cluster import RedisCluster, redis_cli_binary
 from tests._redis_server import RedisServer, redis_server_binary
 
 if TYPE_CHECKING:
@@ -61,6 +63,19 @@ def _require_binary() -> str:
     return binary
 
 
+def _require_cluster_binaries() -> tuple[str, str]:
+    """``redis-server`` and ``redis-cli``: skip without them locally, fail with ``CI=true``
+    (the same rule as :func:`_require_binary`)."""
+    server = _require_binary()
+    cli = redis_cli_binary()
+    if cli is None:
+        msg = "redis-cli is not installed (apt-get install -y redis-server)"
+        if _in_ci():
+            pytest.fail(f"CI=true and {msg}", pytrace=False)
+        pytest.skip(msg)
+    return server, cli
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """One real redis-server for the whole session, on a free loopback port."""
@@ -78,6 +93,27 @@ def private_redis_server() -> Iterator[RedisServer]:
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One real Redis Cluster (3 masters, 3 replicas) for the whole session, started on first
+    use. Tests must not kill its nodes: use :func:`private_redis_cluster` for that."""
+    with RedisCluster(*_require_cluster_binaries()) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def private_redis_cluster() -> Iterator[RedisCluster]:
+    """A Redis Cluster of this test's own, for tests that kill or restart nodes."""
+    with RedisCluster(*_require_cluster_binaries()) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: RedisCluster) -> str:
+    """A seed node of the session's Redis Cluster (``cluster=True`` clients find the rest)."""
+    return redis_cluster.url
 
 
 @pytest.fixture
