@@ -44,6 +44,16 @@ class MemoryPresence:
         await anyio.lowlevel.checkpoint()
         self._index.pop(thread_key, None)
 
+    async def defer(self, thread_key: str, delay_ms: int) -> None:
+        """Keep ``thread_key`` in the pending index but out of ``pending_threads`` for
+        ``delay_ms`` (its owner looked alive: look again once its lease would expire)."""
+        await anyio.lowlevel.checkpoint()
+        self._defer(thread_key, delay_ms)
+
+    def _defer(self, thread_key: str, delay_ms: int) -> None:
+        self._index.pop(thread_key, None)  # (to the end: the index is oldest first)
+        self._index[thread_key] = self._clock() + delay_ms / 1000
+
     async def register_runtime(self, info: RuntimeInfo, ttl_ms: int) -> None:
         await anyio.lowlevel.checkpoint()
         self._runtimes[info.runtime_id] = (info, self._clock() + ttl_ms / 1000)

@@ -368,7 +368,9 @@ class InMemorySignalStore(MemoryOutput, MemoryPresence):
             self._index.pop(thread_key, None)
             thread.since = time.time()
             return Routed(owner=claim.owner, claimed=True, token=got.token)
-        self._index.pop(thread_key, None)
+        info = leases.table.info(thread_key, now)
+        left = info.ttl_ms_remaining if info is not None else None
+        self._defer(thread_key, left if left is not None else claim.ttl_ms)
         return Routed(owner=owner)
 
 

@@ -30,6 +30,8 @@ local at = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 # add_part(stream, meta, cfg, kind, run, sid, data): append one part to a thread's output
 # stream (fields k, r, s, d, t) and trim it exactly to ``cfg`` = "<max parts>:<retention ms>",
 # remembering in meta.tmax the newest id ever trimmed (a cursor below it has lost parts).
+# ``cfg`` ending in ":1" (a Cluster) also announces the new id on the sharded pub/sub channel
+# named like the stream (same slot), which the Cluster's stream follower subscribes to.
 _PARTS_FN = """
 local function trim_to(stream, meta, minid, count)
   local gone = redis.call('XRANGE', stream, '-', minid, 'COUNT', count)
@@ -40,7 +42,7 @@ local function trim_to(stream, meta, minid, count)
   redis.call('HSET', meta, 'tmax', last)
 end
 local function add_part(stream, meta, cfg, kind, run, sid, data)
-  local maxlen, retention = string.match(cfg, '^(%d+):(%d+)$')
+  local maxlen, retention, shard = string.match(cfg, '^(%d+):(%d+):?(%d*)$')
   local t = redis.call('TIME')
   local id = redis.call('XADD', stream, '*', 'k', kind, 'r', run, 's', sid, 'd', data,
                         't', t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
@@ -50,6 +52,7 @@ local function add_part(stream, meta, cfg, kind, run, sid, data)
   trim_to(stream, meta, '(' .. horizon .. '-0', 100)
   redis.call('PEXPIRE', stream, retention)
   redis.call('PEXPIRE', meta, retention)
+  if shard == '1' then redis.call('SPUBLISH', stream, id) end
   return id
 end
 """
@@ -188,31 +191,39 @@ end
 #: before the end of the inbox.
 READ = _DELIVER_FN + """
 local count = tonumber(ARGV[2])
-local rows = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', count + 1)
 local out, total, limit = {0}, 0, tonumber(ARGV[3])
-for i, row in ipairs(rows) do
-  local size = 0
-  for j = 2, #row[2], 2 do size = size + #row[2][j] end
-  if i > count or (i > 1 and total + size > limit) then
-    out[1] = 1
-    break
-  end
-  total = total + size
-  local delivered = 0
-  local queued = false
-  if ARGV[9] == '1' then
-    for j = 1, #row[2], 2 do
-      if row[2][j] == 'm' and row[2][j + 1] == 'queue' then queued = true end
+-- Pages that start small and double: a backlog of large entries is never copied whole into
+-- the script (XRANGE has no byte bound), a backlog of small ones costs a few calls.
+local start, i, page = ARGV[1], 0, 2
+while true do
+  page = math.min(page * 2, count + 1 - i)
+  local rows = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', page)
+  for _, row in ipairs(rows) do
+    i = i + 1
+    local size = 0
+    for j = 2, #row[2], 2 do size = size + #row[2][j] end
+    if i > count or (i > 1 and total + size > limit) then
+      out[1] = 1
+      return out
     end
+    total = total + size
+    local delivered = 0
+    local queued = false
+    if ARGV[9] == '1' then
+      for j = 1, #row[2], 2 do
+        if row[2][j] == 'm' and row[2][j + 1] == 'queue' then queued = true end
+      end
+    end
+    if i == 1 and ARGV[4] ~= '' and not queued then
+      delivered = deliver_entry(KEYS, row[1], row[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
+                                ARGV[8], ARGV[10])
+      if delivered == -2 then return {1, {row[1], row[2], '0', -2}} end
+    end
+    out[#out + 1] = {row[1], row[2], redis.call('HGET', KEYS[2], row[1]) or '0', delivered}
   end
-  if i == 1 and ARGV[4] ~= '' and not queued then
-    delivered = deliver_entry(KEYS, row[1], row[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8],
-                              ARGV[10])
-    if delivered == -2 then return {1, {row[1], row[2], '0', -2}} end
-  end
-  out[#out + 1] = {row[1], row[2], redis.call('HGET', KEYS[2], row[1]) or '0', delivered}
+  if #rows < page then return out end
+  start = '(' .. rows[#rows][1]
 end
-return out
 """
 
 #: KEYS: inbox, attempts, receipts, dead, pending shard, lease, stream, meta.
@@ -229,8 +240,9 @@ return deliver_entry(KEYS, ARGV[1], e[1][2], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
 #: KEYS: inbox, attempts, receipts, dead, pending shard, lease, stream, meta. ARGV: 1 thread,
 #: 2 idx, 3 session prefix ('' unfenced), 4 run id, 5 stream cfg, 6 entry to deliver next to
 #: the same run ('' none), 7 max attempts, then per ack: entry id, signal id, result JSON ('' none).
-#: Returns {1, delivered} (``delivered``: ``deliver_entry``'s result for the next entry, 0 when
-#: none or gone), or {0, 0} (nothing changed) when another run holds the lease. Each
+#: Returns {1, delivered, empty} (``delivered``: ``deliver_entry``'s result for the next entry,
+#: 0 when none or gone; ``empty``: 1 when the inbox is now empty), or {0, 0} (nothing changed)
+#: when another run holds the lease. Each
 #: acknowledgement also writes a ``signal.acked`` part (data: the result).
 ACK = _DELIVER_FN + """
 if other_owner(KEYS[6], ARGV[3], ARGV[4]) then return {0, 0} end
@@ -256,8 +268,9 @@ if ARGV[6] ~= '' then
                               ARGV[3], ARGV[5])
   end
 end
-if ARGV[2] == '1' and redis.call('XLEN', KEYS[1]) == 0 then redis.call('ZREM', KEYS[5], ARGV[1]) end
-return {1, delivered}
+local empty = redis.call('XLEN', KEYS[1]) == 0 and 1 or 0
+if ARGV[2] == '1' and empty == 1 then redis.call('ZREM', KEYS[5], ARGV[1]) end
+return {1, delivered, empty}
 """
 
 #: KEYS: lease, inbox, owner's thread set. ARGV: owner, thread, idx. 1 when released (or
@@ -271,7 +284,9 @@ return 1
 
 #: KEYS: lease, fence, inbox, pending shard, claimer's thread set, meta.
 #: ARGV: 1 session prefix, 2 thread, 3 owner, 4 ttl, 5 session, 6 idx.
-#: Returns {1, owner, token} claimed, {0, holder, false} owned, {2} empty, {3} session gone.
+#: Returns {1, owner, token} claimed, {0, holder, false, ms} owned (the thread stays indexed,
+#: scored ``ms`` from now: when the holder's lease expires unless renewed), {2} empty,
+#: {3} session gone.
 CLAIM_PENDING = LEASE_FUNCTIONS + _NOW + """
 if redis.call('XLEN', KEYS[3]) == 0 then
   if ARGV[6] == '1' then redis.call('ZREM', KEYS[4], ARGV[2]) end
@@ -279,8 +294,11 @@ if redis.call('XLEN', KEYS[3]) == 0 then
 end
 local cur = lease_live(KEYS[1], ARGV[1])
 if cur then
-  if ARGV[6] == '1' then redis.call('ZREM', KEYS[4], ARGV[2]) end
-  return {0, cur[1], false}
+  local left = redis.call('PTTL', KEYS[1])
+  if cur[3] then left = redis.call('PTTL', ARGV[1] .. '{' .. cur[3] .. '}') end
+  if left < 0 then left = tonumber(ARGV[4]) end
+  if ARGV[6] == '1' then redis.call('ZADD', KEYS[4], now + left, ARGV[2]) end
+  return {0, cur[1], false, left}
 end
 if not session_alive(ARGV[1], ARGV[5]) then return {3, false, false} end
 local token = lease_grant(KEYS[1], KEYS[2], ARGV[3], ARGV[4], ARGV[5])

@@ -14,7 +14,7 @@ cursor) interrupts it with ``CLIENT UNBLOCK`` and waits until the reader rebuilt
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ import anyio
 import redis.exceptions
 
 from _signal_leases.errors import CursorExpiredError
-from _signal_leases.redis_support import UNAVAILABLE, reader_client, stream_id, text
+from _signal_leases.redis_support import UNAVAILABLE, is_cluster, reader_client, stream_id, text
 
 from ._model import StreamPart
 from ._redis_lua import EMIT, READ_STREAM
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from _signal_leases.keys import SignalKeys
 
+    from ._redis_cluster_follower import ClusterFollower
     from ._store import PartIn
 
 __all__ = ["RedisFollower", "RedisOutput", "decode_part"]
@@ -68,7 +69,7 @@ class RedisOutput:
     _stream_cfg: str
     _log: FilteringBoundLogger
 
-    def _errors(self, what: str) -> AbstractContextManager[None]:
+    def _errors(self, what: str) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
 
     def _scripts(self) -> tuple[Any, Any]:
@@ -86,7 +87,7 @@ class RedisOutput:
         for p in parts:
             args += [p.kind, p.run_id, p.signal_id or "", p.data or ""]
         keys = [self.keys.thread(thread_key, "stream"), self.keys.thread(thread_key, "meta")]
-        with self._errors("stream append"):
+        async with self._errors("stream append"):
             ids = await self._scripts()[0](keys=keys, args=args)
         return [text(i) for i in ids]
 
@@ -95,7 +96,7 @@ class RedisOutput:
     ) -> list[StreamPart]:
         """The parts after ``after`` (``None``: from the oldest retained), at most ``limit``."""
         keys = [self.keys.thread(thread_key, "stream"), self.keys.thread(thread_key, "meta")]
-        with self._errors("stream read"):
+        async with self._errors("stream read"):
             tmax, rows = await self._scripts()[1](keys=keys, args=[after or "", limit])
         if after is not None and tmax and stream_id(after) < stream_id(tmax):
             raise CursorExpiredError(
@@ -106,16 +107,23 @@ class RedisOutput:
 
     async def stream_tail(self, thread_key: str) -> str | None:
         """The cursor of the newest part of the thread's stream (``None``: empty)."""
-        with self._errors("stream read"):
+        async with self._errors("stream read"):
             rows: Any = await self.client.xrevrange(
                 self.keys.thread(thread_key, "stream"), "+", "-", count=1
             )
         return text(rows[0][0]) if rows else None
 
     @asynccontextmanager
-    async def follower(self) -> AsyncIterator[RedisFollower]:
-        """One watcher for every stream reader of this process (one blocking connection)."""
-        follower = RedisFollower(self.client, self.keys, self._log)
+    async def follower(self) -> AsyncIterator[RedisFollower | ClusterFollower]:
+        """One watcher for every stream reader of this process (one blocking connection; on
+        a Cluster one sharded pub/sub connection per node, see ``_redis_cluster_follower``)."""
+        follower: RedisFollower | ClusterFollower
+        if is_cluster(self.client):
+            from ._redis_cluster_follower import ClusterFollower  # (it imports decode_part)
+
+            follower = ClusterFollower(self.client, self.keys, self._log)
+        else:
+            follower = RedisFollower(self.client, self.keys, self._log)
         async with anyio.create_task_group() as tg:
             await tg.start(follower.run)
             try:

@@ -7,19 +7,21 @@ registry and notices (see ``_signal_leases.keys.SignalKeys`` for the key names).
   lists runtimes so that a dead one (presence gone) can be found and its threads indexed.
 * Notices are pub/sub messages ``kind\nthread\nrun\nreason`` on ``<prefix>:notice:<runtime>``
   and ``<prefix>:work``; one connection per listening runtime, reconnected with backoff, and a
-  ``resync`` notice after every (re)connect.
+  ``resync`` notice after every (re)connect. On a Cluster, where ``PUBLISH`` reaches every
+  node, that connection goes to one node (and moves after a failover).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from _signal_leases.redis_support import text
+from _signal_leases.errors import BackendError
+from _signal_leases.redis_support import is_cluster, node_reader_client, refresh_slots, text
 
 from ._store import Notice, RuntimeInfo, decode_entry
 
@@ -39,7 +41,13 @@ class RedisPresence:
     keys: SignalKeys
     _log: FilteringBoundLogger
 
-    def _errors(self, what: str) -> AbstractContextManager[None]:
+    def _errors(self, what: str) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    async def _ready(self) -> None:
+        raise NotImplementedError
+
+    def _pipeline(self, what: str) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError
 
     async def index(self, thread_key: str) -> None:
@@ -48,40 +56,44 @@ class RedisPresence:
 
     async def _index(self, threads: Sequence[str]) -> None:
         now = time.time() * 1000
-        with self._errors("pending index update"):
-            async with self.client.pipeline(transaction=False) as pipe:
-                for thread in threads:
-                    pipe.zadd(self.keys.pending_shard(thread), {thread: now}, nx=True)
-                await pipe.execute()
+        async with self._pipeline("pending index update") as pipe:
+            for thread in threads:
+                pipe.zadd(self.keys.pending_shard(thread), {thread: now}, nx=True)
+            await pipe.execute()
+
+    async def defer(self, thread_key: str, delay_ms: int) -> None:
+        """Keep ``thread_key`` in the pending index but out of ``pending_threads`` for
+        ``delay_ms`` (its owner looked alive: look again once its lease would expire)."""
+        async with self._errors("pending index update"):
+            await self.client.zadd(self.keys.pending_shard(thread_key),
+                                   {thread_key: time.time() * 1000 + delay_ms})
 
     async def pending_threads(self, *, limit: int = 100, min_age_ms: int = 0) -> list[str]:
         horizon = time.time() * 1000 - min_age_ms
         per_shard = max(1, -(-limit // self.keys.shards))
-        with self._errors("pending index read"):
-            async with self.client.pipeline(transaction=False) as pipe:
-                for n in range(self.keys.shards):
-                    pipe.zrangebyscore(self.keys.shard(n), "-inf", horizon, start=0, num=per_shard,
-                                       withscores=True)
-                replies = await pipe.execute()
+        async with self._pipeline("pending index read") as pipe:
+            for n in range(self.keys.shards):
+                pipe.zrangebyscore(self.keys.shard(n), "-inf", horizon, start=0, num=per_shard,
+                                   withscores=True)
+            replies = await pipe.execute()
         rows = sorted((score, text(member)) for reply in replies for member, score in reply)
         return [thread for _, thread in rows][:limit]
 
     async def unindex(self, thread_key: str) -> None:
-        with self._errors("pending index update"):
+        async with self._errors("pending index update"):
             await self.client.zrem(self.keys.pending_shard(thread_key), thread_key)
 
     async def register_runtime(self, info: RuntimeInfo, ttl_ms: int) -> None:
         key = self.keys.runtime(info.runtime_id)
-        with self._errors("runtime registration"):
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping={"host": info.host, "pid": info.pid,
-                                        "started_at": info.started_at, "worker": int(info.worker)})
-                pipe.pexpire(key, ttl_ms)
-                pipe.zadd(self.keys.registry, {info.runtime_id: info.started_at})
-                await pipe.execute()
+        async with self._pipeline("runtime registration") as pipe:
+            pipe.hset(key, mapping={"host": info.host, "pid": info.pid,
+                                    "started_at": info.started_at, "worker": int(info.worker)})
+            pipe.pexpire(key, ttl_ms)
+            pipe.zadd(self.keys.registry, {info.runtime_id: info.started_at})
+            await pipe.execute()
 
     async def refresh_runtime(self, runtime_id: str, ttl_ms: int) -> bool:
-        with self._errors("runtime presence"):
+        async with self._errors("runtime presence"):
             return bool(await self.client.pexpire(self.keys.runtime(runtime_id), ttl_ms))
 
     async def unregister_runtime(self, runtime_id: str) -> None:
@@ -91,7 +103,7 @@ class RedisPresence:
         """Index the threads of ``runtime_id`` (their owner is gone), then forget it. A crash
         in between repeats the step; it never loses a thread."""
         threads_key = self.keys.runtime_threads(runtime_id)
-        with self._errors("runtime cleanup"):
+        async with self._errors("runtime cleanup"):
             cursor = 0
             while True:
                 cursor, batch = await self.client.sscan(threads_key, cursor, count=1000)
@@ -108,7 +120,7 @@ class RedisPresence:
         self, runtime_id: str, *, add: Sequence[str] = (), remove: Sequence[str] = ()
     ) -> None:
         key = self.keys.runtime_threads(runtime_id)
-        with self._errors("runtime thread tracking"):
+        async with self._errors("runtime thread tracking"):
             if add:
                 await self.client.sadd(key, *add)
             if remove:
@@ -116,7 +128,7 @@ class RedisPresence:
 
     async def runtime_threads(self, runtime_id: str) -> list[str]:
         """The threads ``runtime_id`` owns (as far as the registry knows)."""
-        with self._errors("runtime threads read"):
+        async with self._errors("runtime threads read"):
             members = await self.client.smembers(self.keys.runtime_threads(runtime_id))
         return sorted(text(t) for t in members)
 
@@ -129,14 +141,14 @@ class RedisPresence:
         return list(zip(ids, rows, strict=True))
 
     async def orphan_dead_runtimes(self) -> list[str]:
-        with self._errors("runtime registry read"):
+        async with self._errors("runtime registry read"):
             dead = [rid for rid, row in await self._registered() if not row]
         for rid in dead:
             await self._orphan(rid)
         return dead
 
     async def runtimes(self) -> list[RuntimeInfo]:
-        with self._errors("runtime registry read"):
+        async with self._errors("runtime registry read"):
             registered = await self._registered()
         out = []
         for rid, raw in registered:
@@ -155,8 +167,13 @@ class RedisPresence:
         message = "\n".join(
             [notice.kind, notice.thread_key, notice.run_id or "", notice.reason or ""]
         )
-        with self._errors("notice"):
-            await self.client.publish(channel, message)
+        async with self._errors("notice"):
+            if is_cluster(self.client):  # (redis-py before 8.0 has no RedisCluster.publish)
+                cluster: Any = self.client
+                await cluster.execute_command("PUBLISH", channel, message,
+                                              target_nodes=cluster.get_random_node())
+            else:
+                await self.client.publish(channel, message)
 
     @asynccontextmanager
     async def listen(
@@ -181,8 +198,20 @@ class RedisPresence:
     ) -> None:
         backoff = 0.05
         while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub: Any = None
+            node_client: Any = None
             try:
+                if is_cluster(self.client):
+                    # PUBLISH reaches every node of a Cluster: listen on one, over a plain
+                    # client to it (no cluster pub/sub needed from redis-py).
+                    await self._ready()
+                    cluster: Any = self.client
+                    node = cluster.get_node_from_key(channels[0])
+                    node_client = node_reader_client(node, block_ms=30_000,
+                                                     name=f"{self.keys.prefix}:notices")
+                    pubsub = node_client.pubsub(ignore_subscribe_messages=True)
+                else:
+                    pubsub = self.client.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(*channels)
                 handler(Notice("resync"))
                 ready.set()
@@ -195,9 +224,15 @@ class RedisPresence:
                 self._log.warning("signals.notices_reconnect", error=repr(exc), retry_in_s=backoff)
             finally:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    if pubsub is not None:
+                        await pubsub.aclose()
+                    if node_client is not None:
+                        await node_client.aclose()
             await anyio.sleep(backoff)
+            with suppress(BackendError):
+                await refresh_slots(self.client)  # a Cluster node may have failed over
             backoff = min(backoff * 2, 2.0)
+
 
 def _notice(data: Any) -> Notice:
     kind, thread_key, run_id, reason, carried = (text(data).split("\n", 4) + [""] * 5)[:5]

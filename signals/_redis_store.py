@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -25,6 +25,7 @@ from _signal_leases.redis_support import (
     DEFAULT_SOCKET_TIMEOUT_S,
     RedisHandle,
     as_int,
+    atomic_pipeline,
     map_errors,
     text,
 )
@@ -112,6 +113,8 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         self.stream_max_parts = check_int("stream_max_parts", stream_max_parts)
         self.stream_retention_ms = check_int("stream_retention_ms", stream_retention_ms)
         self._stream_cfg = f"{self.stream_max_parts}:{self.stream_retention_ms}"
+        if self._handle.cluster:
+            self._stream_cfg += ":1"  # announce new parts on sharded pub/sub (see the follower)
         self._idx = "0" if self._handle.cluster else "1"
         register = self.client.register_script
         self._route = register(ROUTE)
@@ -135,14 +138,24 @@ class RedisSignalStore(RedisOutput, RedisPresence):
             raise TypeError("fused calls need leases=RedisLeaseProvider(...) on the same Redis")
         return keys, f"{prefix}:session:"
 
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
+    @asynccontextmanager
+    async def _errors(self, what: str) -> AsyncIterator[None]:
         self._handle.require_asyncio()
         with map_errors(what):
+            await self._handle.ready()
             yield
 
+    async def _ready(self) -> None:
+        await self._handle.ready()
+
+    @asynccontextmanager
+    async def _pipeline(self, what: str) -> AsyncIterator[Any]:
+        """A pipeline (no transaction) whose errors are mapped as :meth:`_errors` does."""
+        async with self._errors(what), self.client.pipeline(transaction=False) as pipe:
+            yield pipe
+
     async def _script(self, script: Any, what: str, keys: list[str], args: list[Any]) -> Any:
-        with self._errors(what):
+        async with self._errors(what):
             return await script(keys=keys, args=args)
 
     # -- inbox -----------------------------------------------------------------------------
@@ -270,19 +283,21 @@ class RedisSignalStore(RedisOutput, RedisPresence):
                            self._stream_cfg, next_entry or "", max_attempts]
         for a in acks:
             args += [a.entry_id, a.signal_id, a.result or ""]
-        ok, delivered = await self._script(self._ack, "inbox ack", keys, args)
+        ok, delivered, *empty = await self._script(self._ack, "inbox ack", keys, args)
+        if self._idx == "0" and empty and as_int(empty[0]) == 1:
+            await self.unindex(thread_key)  # Cluster: after the ack (a crash leaves it indexed)
         return as_int(ok) == 1, as_int(delivered)
 
     async def note_failure(self, thread_key: str, signal_ids: Sequence[str], error: str) -> None:
         if signal_ids:
-            with self._errors("inbox note"):
+            async with self._errors("inbox note"):
                 await self.client.hset(
                     self.keys.thread(thread_key, "attempts"),
                     mapping={f"e:{sid}": error[:2000] for sid in signal_ids},
                 )
 
     async def pending_count(self, thread_key: str) -> int:
-        with self._errors("inbox count"):
+        async with self._errors("inbox count"):
             return int(await self.client.xlen(self.keys.thread(thread_key, "inbox")))
 
     async def inbox_pending_count(self, thread_key: str) -> int:
@@ -291,11 +306,10 @@ class RedisSignalStore(RedisOutput, RedisPresence):
 
     async def receipt(self, thread_key: str, signal_id: str) -> Receipt | None:
         k = self.keys
-        with self._errors("receipt read"):
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.zscore(k.thread(thread_key, "seen"), signal_id)
-                pipe.hget(k.thread(thread_key, "receipts"), signal_id)
-                score, raw = await pipe.execute()
+        async with self._pipeline("receipt read") as pipe:
+            pipe.zscore(k.thread(thread_key, "seen"), signal_id)
+            pipe.hget(k.thread(thread_key, "receipts"), signal_id)
+            score, raw = await pipe.execute()
         if raw is None or score is None or float(score) < time.time() * 1000 - self.retention_ms:
             return None
         return _receipt(signal_id, raw)
@@ -303,7 +317,7 @@ class RedisSignalStore(RedisOutput, RedisPresence):
     # -- dead letters ----------------------------------------------------------------------
 
     async def dead_letters(self, thread_key: str, *, limit: int = 100) -> list[DeadLetter]:
-        with self._errors("dead-letter read"):
+        async with self._errors("dead-letter read"):
             raw: Any = await self.client.hgetall(self.keys.thread(thread_key, "dead"))
         out = []
         for value in raw.values():
@@ -316,19 +330,22 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         retried = []
         dead_key = self.keys.thread(thread_key, "dead")
         for sid in signal_ids:
-            with self._errors("dead-letter retry"):
+            async with self._errors("dead-letter retry"):
                 raw = await self.client.hget(dead_key, sid)
                 if raw is None:
                     continue
                 obj = json.loads(raw)
-                async with self.client.pipeline(transaction=True) as pipe:
+                if self._idx == "0":  # Cluster: index first (the shard is another slot)
+                    await self._index([thread_key])
+                async with atomic_pipeline(self.client) as pipe:
                     pipe.xadd(self.keys.thread(thread_key, "inbox"),
                               {"s": obj["s"], "m": obj.get("m", "deliver"), "i": sid})
                     pipe.hset(self.keys.thread(thread_key, "receipts"), sid,
                               json.dumps({"status": "pending", "at": time.time()}))
                     pipe.hdel(dead_key, sid)
-                    shard = self.keys.pending_shard(thread_key)
-                    pipe.zadd(shard, {thread_key: time.time() * 1000}, nx=True)
+                    if self._idx == "1":
+                        shard = self.keys.pending_shard(thread_key)
+                        pipe.zadd(shard, {thread_key: time.time() * 1000}, nx=True)
                     new_id, *_ = await pipe.execute()
                 await self.client.hset(self.keys.thread(thread_key, "attempts"), f"x:{sid}",
                                        text(new_id))
@@ -337,7 +354,7 @@ class RedisSignalStore(RedisOutput, RedisPresence):
 
     async def purge_dead(self, thread_key: str, signal_ids: Sequence[str] | None = None) -> int:
         dead_key = self.keys.thread(thread_key, "dead")
-        with self._errors("dead-letter purge"):
+        async with self._errors("dead-letter purge"):
             if signal_ids is None:
                 count = int(await self.client.hlen(dead_key))
                 await self.client.delete(dead_key)
@@ -383,12 +400,14 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         keys.append(self.keys.thread(thread_key, "meta"))
         args = [session_prefix, thread_key, claim.owner, claim.ttl_ms, claim.session or "",
                 self._idx]
-        code, owner, token = await self._script(
+        code, owner, token, *left = await self._script(
             self._claim, f"claim of thread {thread_key!r}", keys, args
         )
         code = as_int(code)
-        if self._idx == "0" and code in (0, 2):
-            await self.unindex(thread_key)
+        if self._idx == "0" and code in (1, 2):
+            await self.unindex(thread_key)  # Cluster: after the claim (tracked before it)
+        elif self._idx == "0" and code == 0:
+            await self.defer(thread_key, as_int(left[0]) if left else claim.ttl_ms)
         if code == 1:
             return Routed(owner=claim.owner, claimed=True, token=as_int(token))
         if code == 0:
@@ -432,12 +451,11 @@ class RedisSignalStore(RedisOutput, RedisPresence):
     async def thread_meta(self, thread_keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Per thread: ``since``, ``last`` (Unix times, when known), ``abort`` (the last run
         asked to abort) and ``pending`` (inbox length)."""
-        with self._errors("thread info read"):
-            async with self.client.pipeline(transaction=False) as pipe:
-                for t in thread_keys:
-                    pipe.hgetall(self.keys.thread(t, "meta"))
-                    pipe.xlen(self.keys.thread(t, "inbox"))
-                replies = await pipe.execute()
+        async with self._pipeline("thread info read") as pipe:
+            for t in thread_keys:
+                pipe.hgetall(self.keys.thread(t, "meta"))
+                pipe.xlen(self.keys.thread(t, "inbox"))
+            replies = await pipe.execute()
         out: dict[str, dict[str, Any]] = {}
         for i, thread in enumerate(thread_keys):
             raw = {text(k): text(v) for k, v in (replies[2 * i] or {}).items()}

@@ -103,7 +103,8 @@ class Backend:
 
     async def claim(self, thread_key: str) -> HeldLease | None:
         """Take ``thread_key`` if it has pending work and no live owner (recovery, work
-        notices). A thread with no work or a live owner leaves the pending index."""
+        notices). A thread with no work leaves the pending index; one with a live owner is
+        deferred there for a lease TTL (its owner may be dead without anyone else knowing)."""
         if self.fused is not None:
             request = self._claim()
             sent_at = anyio.current_time()
@@ -115,7 +116,10 @@ class Backend:
             await self.store.unindex(thread_key)
             return None
         if await self.leases.get_lease_owner(thread_key) is not None:
-            await self.store.unindex(thread_key)
+            defer = getattr(self.store, "defer", None)
+            if callable(defer):
+                assert self.heartbeat is not None
+                await defer(thread_key, self.heartbeat.ttl_ms)
             return None
         return await self._generic_claim(thread_key)
 

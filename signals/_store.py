@@ -7,6 +7,12 @@ Across threads: the *pending index* (threads with work and no owner known to be 
 in O(its threads)), and *notices* (at-most-once wake-up calls to one runtime or to all
 workers; the durable state is the inbox, notices only save waiting).
 
+A thread whose lease is live when recovery looks stays in the pending index, only hidden from
+``pending_threads`` until that lease would expire: its owner may be dead (a runtime's presence
+can lapse before its leases do) and nothing else would look at the thread again. A store may
+offer ``defer(thread_key, delay_ms)`` for that (the generic path uses it; without it the thread
+is simply left indexed and looked at again on the next pass).
+
 A store works with any ``LeaseProvider``: the runtime then takes leases itself, around the
 store calls (the generic path). A store that can do the lease step in the same atomic step as
 the inbox step offers the optional :class:`FusedSignalStore` methods and the runtime uses them
@@ -326,7 +332,8 @@ class FusedSignalStore(SignalStore, Protocol):
       notice (``Notice.entry``, ``Routed.carried``): the run then hands it out without a read.
     * ``release_if_idle``: release ``owner``'s lease only if the inbox is empty.
     * ``claim_pending``: take the lease for ``claim`` if the thread has pending work and no
-      live owner; a thread with no work or a live owner leaves the pending index.
+      live owner; a thread with no work leaves the pending index, one with a live owner is
+      deferred there until that owner's lease would expire (see the module docstring).
     """
 
     def fuses_with(self, leases: LeaseProvider) -> bool: ...

@@ -538,6 +538,22 @@ class SignalStoreConformance:
         pending = await store.pending_threads(limit=ALL)
         assert owned not in pending and free not in pending
 
+    async def test_a_live_owner_only_defers_its_thread_until_the_lease_would_expire(
+        self, store: SignalStore, leases: Any
+    ) -> None:
+        """The holder may be dead (its presence lapsed before its lease): recovery must come
+        back to the thread once the lease expires, not forget it."""
+        fused = self._fused(store, leases)
+        rid, thread = _new("rt"), _new("t")
+        await leases.acquire_lease(thread, "dead-runtime/1", 300)
+        await store.accept(thread, Signal(1), "deliver")
+        got = await fused.claim_pending(thread, Claim(f"{rid}/1", 10_000, None, rid))
+        assert not got.claimed and got.owner == "dead-runtime/1"
+        assert thread not in await store.pending_threads(limit=ALL), "deferred while it is live"
+        await self.advance(store, 400)
+        assert thread in await store.pending_threads(limit=ALL), "back once the lease expired"
+        assert (await fused.claim_pending(thread, Claim(f"{rid}/2", 10_000, None, rid))).claimed
+
 
 SignalInboxConformance = SignalStoreConformance  # the suite's name in earlier releases
 

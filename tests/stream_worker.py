@@ -24,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--prefix", required=True)
+    parser.add_argument("--cluster", action="store_true", help="--redis-url is a Redis Cluster")
     parser.add_argument("--parts", type=int, default=10)
     parser.add_argument("--gap-ms", type=int, default=50)
     parser.add_argument("--ttl-ms", type=int, default=1000)
@@ -43,7 +44,7 @@ async def _run(args: argparse.Namespace) -> None:
                 await anyio.sleep(args.gap_ms / 1000)
             await run.ack(signal, result={"parts": args.parts, "pid": pid})
 
-    pubsub = RedisStreamsPubSub(url=args.redis_url, key_prefix=args.prefix)
+    pubsub = RedisStreamsPubSub(url=args.redis_url, key_prefix=args.prefix, cluster=args.cluster)
     async with pubsub, SignalRuntime(
         pubsub=pubsub, agent=agent, lease_ttl_ms=args.ttl_ms, recover_interval_ms=args.ttl_ms
     ) as runtime:

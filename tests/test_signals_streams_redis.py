@@ -25,6 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def target(request: pytest.FixtureRequest) -> tuple[str, bool]:
+    """(url, cluster): the session's redis-server, or its 6-node Redis Cluster."""
+    if request.param == "cluster":
+        return request.getfixturevalue("cluster_url"), True
+    return request.getfixturevalue("redis_url"), False
+
+
 def _worker(redis_url: str, prefix: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.stream_worker", "--redis-url", redis_url,
@@ -46,15 +54,18 @@ def _ready(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 @pytest.mark.slow
 async def test_a_killed_worker_s_threads_finish_elsewhere_and_nothing_is_lost(
-    redis_url: str, key_prefix: str
+    target: tuple[str, bool], key_prefix: str
 ) -> None:
+    redis_url, cluster = target
     threads = [f"chat-{n}" for n in range(20)]
-    workers = [_worker(redis_url, key_prefix, "--parts", "10", "--gap-ms", "40")
+    flags = ["--cluster"] if cluster else []
+    workers = [_worker(redis_url, key_prefix, "--parts", "10", "--gap-ms", "40", *flags)
                for _ in range(2)]
     try:
         infos = [await anyio.to_thread.run_sync(_ready, w) for w in workers]
         victim, survivor = workers[0], workers[1]
-        async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub, \
+        async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix,
+                                      cluster=cluster) as pubsub, \
                 SignalRuntime(pubsub=pubsub, agent=None) as sender:
             for key in threads:
                 delivery = await sender.send(key, Signal({"q": key}, id=f"q-{key}"),
