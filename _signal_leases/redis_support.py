@@ -10,7 +10,7 @@ library's error tree, telling transient failures from permanent ones.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ from .validation import check_int, check_seconds, check_str
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_SOCKET_TIMEOUT_S",
+    "DEFAULT_WAIT_TIMEOUT_MS",
     "UNAVAILABLE",
     "RedisHandle",
     "WaitingRedisCluster",
@@ -46,6 +47,8 @@ __all__ = [
 DEFAULT_SOCKET_TIMEOUT_S = 2.0
 #: Connections in the pool of a client built from a URL (callers wait beyond that).
 DEFAULT_MAX_CONNECTIONS = 32
+#: WAIT's timeout with ``wait_replicas`` > 0, in ms (below the socket timeout).
+DEFAULT_WAIT_TIMEOUT_MS = 500
 
 #: Errors that mean "not reachable now": the call may work later.
 UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -155,6 +158,10 @@ class RedisHandle:
     ``redis.asyncio.RedisCluster`` instead (a :class:`WaitingRedisCluster`: at most
     ``max_connections`` commands at once, the others wait; pools per node). Call
     :meth:`ready` before the first command on a Cluster.
+
+    ``wait_replicas=N`` (0: off) makes :meth:`eval_many` and :meth:`pipeline` end each node's
+    commands with ``WAIT N wait_timeout_ms`` on the same connection, and raise
+    :class:`BackendUnavailableError` when fewer than ``N`` replicas acknowledged in time.
     """
 
     def __init__(
@@ -166,12 +173,16 @@ class RedisHandle:
         cluster: bool = False,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         if (url is None) == (client is None):
             raise TypeError(f"{what} needs exactly one of url= or client=")
         self.what = what
         self.socket_timeout = check_seconds("socket_timeout", socket_timeout, positive=True)
         self.max_connections = check_int("max_connections", max_connections)
+        self.wait_replicas = check_int("wait_replicas", wait_replicas, minimum=0)
+        self.wait_timeout_ms = check_int("wait_timeout_ms", wait_timeout_ms)
         if not isinstance(cluster, bool):
             raise TypeError(f"cluster must be a bool, got {type(cluster).__name__}")
         if url is not None:
@@ -228,6 +239,76 @@ class RedisHandle:
         """Close the client if it was built here."""
         if self.owns_client:
             await self.client.aclose()
+
+    async def eval_many(
+        self,
+        client: Any,
+        script: Any,
+        calls: Sequence[tuple[list[str], list[Any]]],
+        operation: str,
+    ) -> list[Any]:
+        """Run ``script`` (a redis-py ``AsyncScript``) once per (keys, args) in ``calls``: one
+        pipeline, so one round trip per node, each node's EVALSHAs followed by WAIT when
+        ``wait_replicas`` is set. A node that lacks the script (a restart, a failover) gets
+        SCRIPT LOAD and its calls again. Raises the first error reply."""
+        commands = [
+            (keys[0], "EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
+        ]
+        replies = await self.pipeline(client, commands, operation)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, rex.NoScriptError)]
+        if missing:
+            await client.script_load(script.script)  # on a Cluster: every primary
+            again = await self.pipeline(client, [commands[i] for i in missing], operation)
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def pipeline(
+        self, client: Any, commands: Sequence[tuple[Any, ...]], operation: str
+    ) -> list[Any]:
+        """Send ``commands`` (each ``(routing key, *command)``) in one pipeline; with
+        ``wait_replicas``, end each node's part with WAIT and check every node's count.
+
+        Returns the replies of ``commands`` (exceptions in place). On a Cluster, a command
+        redirected to another node (``MOVED`` during a failover or resharding) is not covered
+        by that node's WAIT: then the call raises :class:`BackendUnavailableError`."""
+        wait, cluster = self.wait_replicas, self.cluster
+        nodes: dict[str, Any] = {}
+        async with client.pipeline(transaction=False) as pipe:
+            for routing_key, *command in commands:
+                pipe.execute_command(*command)
+                if wait and cluster:
+                    node = client.get_node_from_key(routing_key)
+                    nodes[node.name] = node
+            if wait:
+                if cluster:
+                    for node in nodes.values():
+                        pipe.execute_command("WAIT", wait, self.wait_timeout_ms, target_nodes=node)
+                else:
+                    pipe.execute_command("WAIT", wait, self.wait_timeout_ms)
+            results = await pipe.execute(raise_on_error=False)
+        replies = list(results[: len(commands)])
+        if any(isinstance(r, rex.NoScriptError) for r in replies):
+            return replies  # eval_many sends those again, with a WAIT that covers the rest
+        for acked in results[len(commands) :]:
+            if isinstance(acked, Exception):
+                raise acked
+            if as_int(acked) < wait:
+                raise BackendUnavailableError(
+                    f"Redis did not replicate {operation} to {wait} replica(s) within "
+                    f"{self.wait_timeout_ms} ms (only {as_int(acked)} acknowledged)"
+                )
+        if wait and cluster:
+            moved = {client.get_node_from_key(c[0]).name for c in commands} - set(nodes)
+            if moved:
+                raise BackendUnavailableError(
+                    f"{operation}: slots moved to {sorted(moved)} meanwhile (not confirmed "
+                    f"by WAIT)"
+                )
+        return replies
 
 
 def side_client(client: Any, *, name: str, connections: int = 2) -> Any:

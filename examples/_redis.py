@@ -53,6 +53,7 @@ def local_redis(timeout: float = 10.0) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=workdir,
+        start_new_session=True,  # Ctrl-C stops the example, which then stops this server
     )
     try:
         deadline = time.monotonic() + timeout

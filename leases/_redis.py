@@ -14,20 +14,18 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-import redis.exceptions as rex
-
-from _signal_leases.errors import BackendUnavailableError
 from _signal_leases.keys import LeaseKeys
 from _signal_leases.redis_support import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SOCKET_TIMEOUT_S,
+    DEFAULT_WAIT_TIMEOUT_MS,
     RedisHandle,
     as_int,
     map_errors,
     side_client,
     text,
 )
-from _signal_leases.validation import check_int, check_str
+from _signal_leases.validation import check_str
 
 from ._contract import AcquireResult
 from ._info import LeaseInfo
@@ -44,7 +42,6 @@ __all__ = ["RedisLeaseProvider"]
 
 
 _CHUNK = 1000  # leases per RENEW_MANY call: each call blocks the server for a few ms at most
-DEFAULT_WAIT_TIMEOUT_MS = 500  # WAIT's timeout with wait_replicas > 0 (below the socket timeout)
 
 
 class RedisLeaseProvider:
@@ -100,12 +97,13 @@ class RedisLeaseProvider:
         wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         check_str("key_prefix", key_prefix)
-        self.wait_replicas = check_int("wait_replicas", wait_replicas, minimum=0)
-        self.wait_timeout_ms = check_int("wait_timeout_ms", wait_timeout_ms)
         self._handle = RedisHandle(
             "RedisLeaseProvider", url=url, client=client, cluster=cluster,
             socket_timeout=socket_timeout, max_connections=max_connections,
+            wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms,
         )
+        self.wait_replicas = self._handle.wait_replicas
+        self.wait_timeout_ms = self._handle.wait_timeout_ms
         self.client: redis.asyncio.Redis = self._handle.client
         self.key_prefix = key_prefix
         self.keys = LeaseKeys(key_prefix)
@@ -139,7 +137,7 @@ class RedisLeaseProvider:
             if not self._handle.initialized:
                 await self._handle.ready()
             if writes and self.wait_replicas:
-                replies = await self._scripts(
+                replies = await self._handle.eval_many(
                     self.client, script, [(keys, [self._session_prefix, *args])], operation
                 )
                 return replies[0]
@@ -147,76 +145,6 @@ class RedisLeaseProvider:
         except Exception as exc:
             with map_errors(operation):
                 raise exc
-
-    # -- pipelines, WAIT -------------------------------------------------------------------
-
-    async def _scripts(
-        self,
-        client: Any,
-        script: AsyncScript,
-        calls: Sequence[tuple[list[str], list[Any]]],
-        operation: str,
-    ) -> list[Any]:
-        """Run ``script`` once per (keys, args) in ``calls``: one pipeline, so one round trip
-        per node, each node's EVALSHAs followed by WAIT when ``wait_replicas`` is set. A node
-        that lacks the script (a restart, a failover) gets SCRIPT LOAD and its calls again."""
-        commands = [
-            (keys[0], "EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
-        ]
-        replies = await self._pipeline(client, commands, operation)
-        missing = [i for i, r in enumerate(replies) if isinstance(r, rex.NoScriptError)]
-        if missing:
-            await client.script_load(script.script)  # on a Cluster: every primary
-            again = await self._pipeline(client, [commands[i] for i in missing], operation)
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
-
-    async def _pipeline(
-        self, client: Any, commands: Sequence[tuple[Any, ...]], operation: str
-    ) -> list[Any]:
-        """Send ``commands`` (each ``(routing key, *command)``) in one pipeline; with
-        ``wait_replicas``, end each node's part with WAIT and check every node's count.
-
-        Returns the replies of ``commands`` (exceptions in place). On a Cluster, a command
-        redirected to another node (``MOVED`` during a failover or resharding) is not covered
-        by that node's WAIT: then the call raises :class:`BackendUnavailableError`."""
-        wait = self.wait_replicas
-        cluster = self._handle.cluster
-        nodes: dict[str, Any] = {}
-        async with client.pipeline(transaction=False) as pipe:
-            for routing_key, *command in commands:
-                pipe.execute_command(*command)
-                if wait and cluster:
-                    node = client.get_node_from_key(routing_key)
-                    nodes[node.name] = node
-            if wait:
-                if cluster:
-                    for node in nodes.values():
-                        pipe.execute_command("WAIT", wait, self.wait_timeout_ms, target_nodes=node)
-                else:
-                    pipe.execute_command("WAIT", wait, self.wait_timeout_ms)
-            results = await pipe.execute(raise_on_error=False)
-        replies = list(results[: len(commands)])
-        for acked in results[len(commands) :]:
-            if isinstance(acked, Exception):
-                raise acked
-            if as_int(acked) < wait:
-                raise BackendUnavailableError(
-                    f"Redis did not replicate {operation} to {wait} replica(s) within "
-                    f"{self.wait_timeout_ms} ms (only {as_int(acked)} acknowledged)"
-                )
-        if wait and cluster:
-            moved = {client.get_node_from_key(c[0]).name for c in commands} - set(nodes)
-            if moved:
-                raise BackendUnavailableError(
-                    f"{operation}: slots moved to {sorted(moved)} meanwhile (not confirmed "
-                    f"by WAIT)"
-                )
-        return replies
 
     # -- LeaseProvider ---------------------------------------------------------------------
 
@@ -255,7 +183,7 @@ class RedisLeaseProvider:
         keys, args = [self.keys.lease(key)], [self._session_prefix, owner, ttl_ms]
         with map_errors(f"renew of lease {key!r}"):
             if self.wait_replicas:
-                replies = await self._scripts(
+                replies = await self._handle.eval_many(
                     self._renewer, self._renew_on_renewer, [(keys, args)], f"renew of {key!r}"
                 )
                 reply = replies[0]
@@ -303,7 +231,9 @@ class RedisLeaseProvider:
             for chunk in chunks
         ]
         with map_errors(operation):
-            replies = await self._scripts(client, self._renew_many_on_renewer, calls, operation)
+            replies = await self._handle.eval_many(
+                client, self._renew_many_on_renewer, calls, operation
+            )
         for chunk, reply in zip(chunks, replies, strict=True):
             kept.update(chunk[as_int(i) - 1][0] for i in reply)
         return kept
@@ -369,7 +299,7 @@ class RedisLeaseProvider:
     async def _checked(
         self, client: Any, commands: Sequence[tuple[Any, ...]], operation: str
     ) -> list[Any]:
-        replies = await self._pipeline(client, commands, operation)
+        replies = await self._handle.pipeline(client, commands, operation)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply

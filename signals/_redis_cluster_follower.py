@@ -37,7 +37,7 @@ from _signal_leases.redis_support import (
     text,
 )
 
-from ._redis_output import decode_part
+from ._redis_output import Waiters, decode_part
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -66,12 +66,6 @@ async def _shard_command(pubsub: Any, command: str, channel: str) -> None:
         await pubsub.execute_command(command, channel)
 
 
-@dataclass(eq=False)
-class _Waiter:
-    thread_key: str
-    after: str  # "0-0": from the start
-    event: anyio.Event = field(default_factory=anyio.Event)
-    parts: list[StreamPart] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -94,7 +88,7 @@ class ClusterFollower:
         self._client = client
         self._keys = keys
         self._log = log
-        self._waiters: dict[str, list[_Waiter]] = {}
+        self._waiters = Waiters()
         self._idle_since: dict[str, float] = {}  # thread -> when its last waiter left
         self._nodes: dict[str, _Node] = {}
         self._thread_of: dict[str, str] = {}  # channel -> thread
@@ -115,8 +109,7 @@ class ClusterFollower:
             await self._drop(node)
 
     async def wait(self, thread_key: str, after: str | None) -> list[StreamPart]:
-        waiter = _Waiter(thread_key, after or "0-0")
-        self._waiters.setdefault(thread_key, []).append(waiter)
+        waiter = self._waiters.add(thread_key, after)
         self._idle_since.pop(thread_key, None)
         try:
             backoff = 0.05
@@ -137,11 +130,7 @@ class ClusterFollower:
             await waiter.event.wait()
             return waiter.parts
         finally:
-            waiters = self._waiters.get(thread_key, [])
-            if waiter in waiters:
-                waiters.remove(waiter)
-            if not waiters:
-                self._waiters.pop(thread_key, None)
+            if self._waiters.remove(waiter):
                 self._idle_since[thread_key] = time.monotonic()
 
     async def _read(self, thread_key: str, after: str) -> list[StreamPart]:

@@ -135,11 +135,32 @@ class RedisOutput:
 
 
 @dataclass(eq=False)
-class _Waiter:
+class Waiter:
+    """One ``wait`` call of a follower: woken with the parts after ``after``."""
+
     thread_key: str
     after: str  # "0-0": from the start
     event: anyio.Event = field(default_factory=anyio.Event)
     parts: list[StreamPart] = field(default_factory=list)
+
+
+class Waiters(dict[str, list[Waiter]]):
+    """Who waits on which thread's stream (both followers keep one)."""
+
+    def add(self, thread_key: str, after: str | None) -> Waiter:
+        waiter = Waiter(thread_key, after or "0-0")
+        self.setdefault(thread_key, []).append(waiter)
+        return waiter
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Forget ``waiter``; ``True`` when nobody waits on its thread any more."""
+        waiters = self.get(waiter.thread_key, [])
+        if waiter in waiters:
+            waiters.remove(waiter)
+        if waiters:
+            return False
+        self.pop(waiter.thread_key, None)
+        return True
 
 
 class RedisFollower:
@@ -150,7 +171,7 @@ class RedisFollower:
         self._keys = keys
         self._log = log
         self._reader = reader_client(client, block_ms=_BLOCK_MS, name=f"{keys.prefix}:follower")
-        self._waiters: dict[str, list[_Waiter]] = {}
+        self._waiters = Waiters()
         self._reading: dict[str, tuple[int, int]] = {}  # thread -> cursor of the pending XREAD
         self._generation = 0  # bumped when the set to read changes
         self._read_generation = -1  # the generation the pending XREAD was built from
@@ -161,8 +182,7 @@ class RedisFollower:
         await self._reader.aclose()
 
     async def wait(self, thread_key: str, after: str | None) -> list[StreamPart]:
-        waiter = _Waiter(thread_key, after or "0-0")
-        self._waiters.setdefault(thread_key, []).append(waiter)
+        waiter = self._waiters.add(thread_key, after)
         try:
             current = self._reading.get(thread_key)
             if current is None or stream_id(waiter.after) < current:
@@ -170,11 +190,7 @@ class RedisFollower:
             await waiter.event.wait()
             return waiter.parts
         finally:
-            waiters = self._waiters.get(thread_key, [])
-            if waiter in waiters:
-                waiters.remove(waiter)
-            if not waiters:
-                self._waiters.pop(thread_key, None)
+            self._waiters.remove(waiter)
 
     async def _refresh(self) -> None:
         """Make the reader rebuild its set, interrupting a blocked XREAD, and wait until it

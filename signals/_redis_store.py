@@ -23,15 +23,16 @@ from _signal_leases.keys import SignalKeys
 from _signal_leases.redis_support import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SOCKET_TIMEOUT_S,
+    DEFAULT_WAIT_TIMEOUT_MS,
     RedisHandle,
     as_int,
-    atomic_pipeline,
     map_errors,
     text,
 )
 from _signal_leases.validation import check_int, check_str
 
 from ._model import EntryMode, Receipt, Signal
+from ._redis_dead import RedisDeadLetters
 from ._redis_lua import (
     ABORT,
     ACK,
@@ -43,13 +44,11 @@ from ._redis_lua import (
     ROUTE,
 )
 from ._redis_output import RedisOutput
-from ._redis_presence import RedisPresence
 from ._store import (
     CARRY_LIMIT,
     Accepted,
     Ack,
     Claim,
-    DeadLetter,
     InboxEntry,
     InboxPage,
     Notice,
@@ -70,7 +69,7 @@ logger: FilteringBoundLogger = structlog.get_logger("signals")
 DAY_MS = 86_400_000
 
 
-class RedisSignalStore(RedisOutput, RedisPresence):
+class RedisSignalStore(RedisOutput, RedisDeadLetters):
     """A durable :class:`~signals.SignalStore` on Redis.
 
     Give exactly one of ``url`` or ``client`` (only a client built from ``url`` is closed by
@@ -80,6 +79,12 @@ class RedisSignalStore(RedisOutput, RedisPresence):
     ``idle_ttl_ms``: a thread nobody sends to for this long is dropped by Redis.
     ``stream_max_parts`` / ``stream_retention_ms``: what each thread's output stream keeps
     (default 10,000 parts, 24 h).
+
+    ``wait_replicas=N`` (default 0: off) follows every scripted write (accept and route, so a
+    signal is reported accepted only once ``N`` replicas have it; delivery, ack, claim,
+    release, abort, cancel) with ``WAIT N wait_timeout_ms`` on the same connection, and
+    raises :class:`BackendUnavailableError` when fewer replicas acknowledged in time (the
+    write may still have been applied: resend with the same signal id). See docs/cluster.md.
     """
 
     def __init__(
@@ -97,11 +102,14 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         cluster: bool = False,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
     ) -> None:
         check_str("key_prefix", key_prefix)
         self._handle = RedisHandle(
             "RedisSignalStore", url=url, client=client, cluster=cluster,
             socket_timeout=socket_timeout, max_connections=max_connections,
+            wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms,
         )
         self.client: redis.asyncio.Redis = self._handle.client
         self.key_prefix = key_prefix
@@ -156,6 +164,8 @@ class RedisSignalStore(RedisOutput, RedisPresence):
 
     async def _script(self, script: Any, what: str, keys: list[str], args: list[Any]) -> Any:
         async with self._errors(what):
+            if self._handle.wait_replicas:
+                return (await self._handle.eval_many(self.client, script, [(keys, args)], what))[0]
             return await script(keys=keys, args=args)
 
     # -- inbox -----------------------------------------------------------------------------
@@ -315,53 +325,6 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         return _receipt(signal_id, raw)
 
     # -- dead letters ----------------------------------------------------------------------
-
-    async def dead_letters(self, thread_key: str, *, limit: int = 100) -> list[DeadLetter]:
-        async with self._errors("dead-letter read"):
-            raw: Any = await self.client.hgetall(self.keys.thread(thread_key, "dead"))
-        out = []
-        for value in raw.values():
-            obj = json.loads(value)
-            signal = Signal.from_dict(json.loads(obj["s"]), mode=obj.get("m", "deliver"))
-            out.append(DeadLetter(signal, int(obj["n"]), obj.get("e") or None, float(obj["at"])))
-        return sorted(out, key=lambda d: d.at)[:limit]
-
-    async def retry_dead(self, thread_key: str, signal_ids: Sequence[str]) -> list[str]:
-        retried = []
-        dead_key = self.keys.thread(thread_key, "dead")
-        for sid in signal_ids:
-            async with self._errors("dead-letter retry"):
-                raw = await self.client.hget(dead_key, sid)
-                if raw is None:
-                    continue
-                obj = json.loads(raw)
-                if self._idx == "0":  # Cluster: index first (the shard is another slot)
-                    await self._index([thread_key])
-                async with atomic_pipeline(self.client) as pipe:
-                    pipe.xadd(self.keys.thread(thread_key, "inbox"),
-                              {"s": obj["s"], "m": obj.get("m", "deliver"), "i": sid})
-                    pipe.hset(self.keys.thread(thread_key, "receipts"), sid,
-                              json.dumps({"status": "pending", "at": time.time()}))
-                    pipe.hdel(dead_key, sid)
-                    if self._idx == "1":
-                        shard = self.keys.pending_shard(thread_key)
-                        pipe.zadd(shard, {thread_key: time.time() * 1000}, nx=True)
-                    new_id, *_ = await pipe.execute()
-                await self.client.hset(self.keys.thread(thread_key, "attempts"), f"x:{sid}",
-                                       text(new_id))
-            retried.append(sid)
-        return retried
-
-    async def purge_dead(self, thread_key: str, signal_ids: Sequence[str] | None = None) -> int:
-        dead_key = self.keys.thread(thread_key, "dead")
-        async with self._errors("dead-letter purge"):
-            if signal_ids is None:
-                count = int(await self.client.hlen(dead_key))
-                await self.client.delete(dead_key)
-                return count
-            if not signal_ids:
-                return 0
-            return int(await self.client.hdel(dead_key, *signal_ids))
 
     # -- fused calls -----------------------------------------------------------------------
 

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from leases import RedisLeaseProvider
-from signals import RedisSignalStore
+from signals import RedisSignalStore, Signal
+from signals._store import Ack
 from signals.testing import SignalStoreConformance
 
-pytestmark = [pytest.mark.redis, pytest.mark.cluster]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster]
 
 
 class TestClusterSignalStore(SignalStoreConformance):
@@ -36,3 +37,32 @@ class TestClusterSignalStore(SignalStoreConformance):
     def small_store(self, store: RedisSignalStore, key_prefix: str) -> RedisSignalStore:
         return RedisSignalStore(client=store.client, key_prefix=f"{key_prefix}:small",
                                 stream_max_parts=5)
+
+
+async def _wait_calls(client: Any) -> int:
+    stats = await client.info("commandstats", target_nodes=client.PRIMARIES)
+    return sum(int(node.get("cmdstat_wait", {}).get("calls", 0)) for node in stats.values())
+
+
+async def test_wait_replicas_confirms_every_scripted_write(
+    cluster_url: str, key_prefix: str
+) -> None:
+    """``wait_replicas=1``: accept, delivery and ack each end with one WAIT on the thread's
+    master (and succeed: every master has a replica)."""
+    store = RedisSignalStore(url=cluster_url, cluster=True, key_prefix=f"{key_prefix}:w",
+                             wait_replicas=1)
+    try:
+        store.leases = RedisLeaseProvider(client=store.client, key_prefix=f"{key_prefix}:wl")
+        waits = []
+        for sid in ("s0", "s1"):  # s0 loads the scripts (a first EVALSHA is sent twice)
+            before = await _wait_calls(store.client)
+            accepted = await store.accept("t", Signal("hello", id=sid), "deliver")
+            assert accepted.fresh
+            [entry] = await store.read("t", deliver_to="run-1")
+            assert await store.ack("t", [Ack(entry.entry_id, sid, "run-1")])
+            waits.append(await _wait_calls(store.client) - before)
+        assert waits[1] == 3, waits
+        receipt = await store.receipt("t", "s1")
+        assert receipt is not None and receipt.status == "processed"
+    finally:
+        await store.aclose()

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from leases import RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
-from signals import RedisSignalStore, Run, Signal, SignalRuntime
+from signals import BackendUnavailableError, RedisSignalStore, Run, Signal, SignalRuntime
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -232,3 +232,21 @@ async def test_unreachable_redis_is_a_clear_error() -> None:
     with pytest.raises(BackendUnavailableError):
         async with pubsub, SignalRuntime(pubsub=pubsub, agent=agent) as runtime:
             await runtime.send("t", Signal("x"))
+
+
+async def test_wait_replicas_without_replicas_refuses_to_report_a_signal_accepted(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A standalone Redis has no replica: with ``wait_replicas=1`` an accept is applied but
+    never confirmed, so the sender gets BackendUnavailableError (and may resend the same id)."""
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix, wait_replicas=1,
+                             wait_timeout_ms=50)
+    try:
+        with pytest.raises(BackendUnavailableError, match="replica"):
+            await store.accept("t", Signal("x", id="s1"), "deliver")
+        receipt = await store.receipt("t", "s1")
+        assert receipt is not None and receipt.status == "pending"  # applied, not confirmed
+        with pytest.raises(ValueError, match="wait_replicas"):
+            RedisSignalStore(url=redis_url, wait_replicas=-1)
+    finally:
+        await store.aclose()
