@@ -27,7 +27,8 @@ Commands::
         Signals that failed max_attempts deliveries; --retry puts those back into the inbox
         and wakes the workers, --purge deletes all of them.
 
-Options of every command: --redis-url URL (default: $REDIS_URL); --key-prefix P, the
+Options of every command: --redis-url URL (default: $REDIS_URL); --cluster when that URL is
+a seed node of a Redis Cluster; --key-prefix P, the
 key_prefix of the RedisStreamsPubSub the runtime runs on (default "pubsub": leases under
 P:lease, store under P:signals); --lease-prefix / --inbox-prefix override those two when you
 built a RedisLeaseProvider / RedisSignalStore yourself; --json prints JSON instead of text
@@ -242,7 +243,8 @@ async def _session(args: argparse.Namespace, out: TextIO) -> int:
     from ._runtime import SignalRuntime
 
     try:
-        pubsub = RedisStreamsPubSub(url=args.redis_url, key_prefix=args.key_prefix)
+        pubsub = RedisStreamsPubSub(url=args.redis_url, key_prefix=args.key_prefix,
+                                    cluster=args.cluster)
     except ValueError as exc:  # a malformed URL; the cause, without the URL (and password)
         reason = fmt.scrub(str(exc.__context__ or exc), args.redis_url)
         _complain(f"error: invalid Redis URL {_redact(args.redis_url)}: {reason}")
@@ -286,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
                         help="Redis URL, e.g. redis://127.0.0.1:6379/0 (default: $REDIS_URL)")
+    common.add_argument("--cluster", action="store_true",
+                        help="--redis-url is a seed node of a Redis Cluster")
     common.add_argument("--key-prefix", default=DEFAULT_KEY_PREFIX,
                         help="key_prefix of the RedisStreamsPubSub (default: %(default)s)")
     common.add_argument("--lease-prefix", default=None,

@@ -215,7 +215,8 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
             token=as_int(token) if token else None,
             carried=bool(carried) and as_int(carried[0]) == 1,
         )
-        if self._idx == "0" and routed.fresh and routed.owner is None and not routed.claimed:
+        if (self._idx == "0" and _to_index(routed) and routed.owner is None
+                and not routed.claimed):
             await self._index([thread_key])
             if wake_workers:
                 await self.notify(None, Notice("work", thread_key))
@@ -225,7 +226,7 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
         routed = await self._do_route(
             thread_key, signal, mode, claim=None, sender=None, wake_workers=False, index_only=True
         )
-        if self._idx == "0" and routed.fresh:
+        if self._idx == "0" and _to_index(routed):
             await self._index([thread_key])
         return Accepted(routed.fresh, routed.entry_id, routed.receipt)
 
@@ -435,3 +436,9 @@ def _receipt(signal_id: str, raw: Any) -> Receipt:
     obj = json.loads(raw)
     return Receipt.from_dict(signal_id, obj)
 
+
+def _to_index(routed: Routed) -> bool:
+    """On a Cluster the pending index (another slot) is written after the inbox: a fresh entry
+    is indexed, and so is a duplicate still pending, since its first sender may have died
+    between the two writes (``ZADD NX``: indexing twice is harmless)."""
+    return routed.fresh or (routed.receipt is not None and routed.receipt.status == "pending")

@@ -4,8 +4,12 @@ node, never per thread)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -123,3 +127,26 @@ async def test_abort_from_another_runtime_reaches_the_run(
         receipt = await client.receipt("stop-me", "s1")
         assert receipt is not None and receipt.status == "cancelled"
         assert attempts == [1]
+
+
+async def test_the_cli_reads_a_cluster(cluster_url: str, key_prefix: str) -> None:
+    """``python -m signals ... --cluster``: the CLI's pending and receipt on a Cluster."""
+    pubsub = RedisStreamsPubSub(url=cluster_url, cluster=True, key_prefix=key_prefix)
+    async with pubsub, SignalRuntime(pubsub=pubsub, agent=None) as sender:
+        for i in range(3):
+            await sender.send(f"cli-{i}", Signal("hi", id=f"s{i}"), if_idle="enqueue")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "signals", *args, "--redis-url", cluster_url, "--cluster",
+             "--key-prefix", key_prefix, "--json"],
+            capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
+        )
+
+    for i in range(3):
+        done = await anyio.to_thread.run_sync(cli, "pending", f"cli-{i}")
+        assert done.returncode == 0, done.stderr
+        assert [s["id"] for s in json.loads(done.stdout)["pending"]] == [f"s{i}"]
+    done = await anyio.to_thread.run_sync(cli, "receipt", "cli-1", "s1")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "pending"

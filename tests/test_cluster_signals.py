@@ -66,3 +66,26 @@ async def test_wait_replicas_confirms_every_scripted_write(
         assert receipt is not None and receipt.status == "processed"
     finally:
         await store.aclose()
+
+
+async def test_a_signal_left_unindexed_by_a_dead_sender_is_indexed_by_its_resend(
+    cluster_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a Cluster the inbox is written first and the pending index (another slot) after it.
+    A sender that dies in between leaves a signal nobody's index points to; sending the same
+    id again (the sender's retry) indexes the thread, so recovery finds it."""
+    store = RedisSignalStore(url=cluster_url, cluster=True, key_prefix=f"{key_prefix}:i")
+    try:
+        async def dies(threads: Any) -> None:
+            raise RuntimeError("the sender died here")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(store, "_index", dies)
+            with pytest.raises(RuntimeError, match="died"):
+                await store.accept("t", Signal("hello", id="s1"), "queue")
+        assert "t" not in await store.pending_threads()
+        again = await store.accept("t", Signal("hello", id="s1"), "queue")
+        assert not again.fresh
+        assert "t" in await store.pending_threads()
+    finally:
+        await store.aclose()
