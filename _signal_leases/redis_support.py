@@ -5,14 +5,20 @@ builds (and later closes) a client with bounded timeouts, few retries and a *blo
 connection pool (exhausting it waits instead of failing); given ``client`` it uses the
 caller's client and never closes it. :func:`map_errors` turns redis-py exceptions into the
 library's error tree, telling transient failures from permanent ones.
+
+It is one module of a little over 400 lines on purpose: the client owner, its WAIT logic and
+the error mapper are the one place every Redis backend goes through, and splitting them would
+scatter the rules of a single round trip over several files.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 import redis.asyncio
 import redis.exceptions as rex
@@ -28,7 +34,9 @@ __all__ = [
     "DEFAULT_SOCKET_TIMEOUT_S",
     "DEFAULT_WAIT_TIMEOUT_MS",
     "UNAVAILABLE",
+    "RedisClientOptions",
     "RedisHandle",
+    "RedisWriteOptions",
     "WaitingRedisCluster",
     "as_int",
     "atomic_pipeline",
@@ -49,6 +57,25 @@ DEFAULT_SOCKET_TIMEOUT_S = 2.0
 DEFAULT_MAX_CONNECTIONS = 32
 #: WAIT's timeout with ``wait_replicas`` > 0, in ms (below the socket timeout).
 DEFAULT_WAIT_TIMEOUT_MS = 500
+
+
+class RedisClientOptions(TypedDict, total=False):
+    """The client options every Redis backend takes as keywords (``**options``), checked and
+    applied by :class:`RedisHandle`, which holds their defaults: ``cluster`` (build a
+    ``RedisCluster`` from ``url``), ``socket_timeout`` (connect and read timeout of a client
+    built from ``url``, default 2 s) and ``max_connections`` (its pool, default 32)."""
+
+    cluster: bool
+    socket_timeout: float
+    max_connections: int
+
+
+class RedisWriteOptions(RedisClientOptions, total=False):
+    """:class:`RedisClientOptions` plus ``wait_replicas`` (``WAIT`` for that many replicas
+    after every write, default 0: off) and ``wait_timeout_ms`` (default 500)."""
+
+    wait_replicas: int
+    wait_timeout_ms: int
 
 #: Errors that mean "not reachable now": the call may work later.
 UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -104,6 +131,25 @@ def map_errors(operation: str) -> Iterator[None]:
         if isinstance(exc, UNAVAILABLE) or _cluster_unreachable(exc):
             raise BackendUnavailableError(f"Redis unavailable during {operation}: {exc}") from exc
         raise
+    except (AttributeError, TypeError) as exc:
+        if _torn_down_under_redis_py(exc):
+            raise BackendUnavailableError(
+                f"Redis unavailable during {operation}: a connection was closed while in use "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        raise
+
+
+_REDIS_DIR = os.path.dirname(redis.__file__) + os.sep
+
+
+def _torn_down_under_redis_py(exc: BaseException) -> bool:
+    """An ``AttributeError``/``TypeError`` raised in redis-py's own last frames: a connection
+    closed by another task while this one used it, as when a Cluster client rebuilds its
+    topology during a failover (``'NoneType' object has no attribute 'writelines'``; redis-py
+    issues #3546 and #3835). That is an outage of the node, not a bug of the caller."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    return any(frame.filename.startswith(_REDIS_DIR) for frame in frames)
 
 
 def text(value: object) -> str:

@@ -6,8 +6,20 @@ The contract is :class:`LeaseProvider` (five async methods), detected structural
 :class:`NoopLeaseProvider` (fallback), :class:`InMemoryLeaseProvider`,
 :class:`RedisLeaseProvider`. :class:`LeaseKeeper` holds one lease and cancels the guarded work
 when it is lost; :class:`LeaseHeartbeat` does the same for any number of leases of one process
-with one renewal per interval.
+with one renewal per interval. The errors are the library's one tree (``_signal_leases.errors``),
+re-exported here.
 """
+
+from _signal_leases.errors import (
+    BackendError,
+    BackendPermanentError,
+    BackendUnavailableError,
+    ClosedError,
+    LeaseError,
+    LeaseNotAcquiredError,
+    SignalsError,
+    UnsupportedBackendError,
+)
 
 from ._contract import (
     AcquireResult,
@@ -17,16 +29,6 @@ from ._contract import (
     is_lease_provider,
     supports_batch_renewal,
     supports_lease_sessions,
-)
-from ._errors import (
-    BackendError,
-    BackendPermanentError,
-    BackendUnavailableError,
-    ClosedError,
-    LeaseError,
-    LeaseNotAcquiredError,
-    SignalsError,
-    UnsupportedBackendError,
 )
 from ._heartbeat import HeldLease, LeaseHeartbeat, safety_margin_ms
 from ._info import LeaseInfo

@@ -29,14 +29,14 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
-import structlog
 from anyio import AsyncContextManagerMixin
 
 from _signal_leases.aio import owned_task_group
+from _signal_leases.errors import ClosedError
+from _signal_leases.logs import get_logger
 from _signal_leases.validation import check_int
 
 from ._contract import AcquireResult, supports_batch_renewal, supports_lease_sessions
-from ._errors import ClosedError
 from ._held import HeldLease, safety_margin_ms
 from ._validation import check_key, check_owner, check_ttl_ms
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HeldLease", "LeaseHeartbeat", "safety_margin_ms"]
 
-logger: FilteringBoundLogger = structlog.get_logger("leases")
+logger = get_logger("leases")
 
 #: Upper bound of the best-effort release or session close at exit, in seconds.
 RELEASE_TIMEOUT_S = 1.0

@@ -7,12 +7,12 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
-import structlog
 from anyio import AsyncContextManagerMixin
 
 from _signal_leases.aio import owned_task_group
+from _signal_leases.errors import LeaseNotAcquiredError
+from _signal_leases.logs import get_logger
 
-from ._errors import LeaseNotAcquiredError
 from ._held import safety_margin_ms
 from ._validation import check_key, check_owner, check_ttl_ms
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LeaseKeeper", "safety_margin_ms"]
 
-logger: FilteringBoundLogger = structlog.get_logger("leases")
+logger = get_logger("leases")
 
 #: Upper bound of the best-effort release at exit, in seconds.
 RELEASE_TIMEOUT_S = 1.0

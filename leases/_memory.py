@@ -16,7 +16,7 @@ import anyio.lowlevel
 
 from ._contract import AcquireResult
 from ._info import LeaseInfo
-from ._validation import check_key, check_owner, check_ttl_ms
+from ._validation import check_acquire, check_key, check_owner, check_ttl_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -197,9 +197,7 @@ class InMemoryLeaseProvider:
     async def acquire_lease(
         self, key: str, owner: str, ttl_ms: int, *, session: str | None = None
     ) -> AcquireResult:
-        check_key(key), check_owner(owner), check_ttl_ms(ttl_ms)
-        if session is not None:
-            check_owner(session, "session")
+        check_acquire(key, owner, ttl_ms, session)
         await anyio.lowlevel.checkpoint()
         return self.table.acquire(key, owner, ttl_ms, self._now(), session)
 

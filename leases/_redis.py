@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, Unpack
 
 from _signal_leases.keys import LeaseKeys
 from _signal_leases.redis_support import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_SOCKET_TIMEOUT_S,
-    DEFAULT_WAIT_TIMEOUT_MS,
     RedisHandle,
+    RedisWriteOptions,
     as_int,
     map_errors,
     side_client,
@@ -30,7 +28,7 @@ from _signal_leases.validation import check_str
 from ._contract import AcquireResult
 from ._info import LeaseInfo
 from ._lua import ACQUIRE, INFO, OWNER, RELEASE, RENEW, RENEW_MANY, TRANSFER
-from ._validation import check_key, check_owner, check_ttl_ms
+from ._validation import check_acquire, check_key, check_owner, check_ttl_ms
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -53,9 +51,12 @@ class RedisLeaseProvider:
     ``url`` builds a ``RedisCluster``. Renewals use two connections of their own (so a busy
     pool never delays them past a deadline) when the provider built its client, or with
     ``dedicated_renewals=True`` (then call :meth:`aclose`); on a Cluster they share the
-    client's per-node pools. ``key_prefix`` namespaces the keys.
-    Unreachable Redis raises :class:`BackendUnavailableError` (never read that as "the lease
-    is free"); auth, ACL and script failures raise :class:`BackendPermanentError`.
+    client's per-node pools. ``key_prefix`` namespaces the keys. The client options
+    (``cluster``, ``socket_timeout`` 2 s, ``max_connections`` 32, ``wait_replicas`` 0,
+    ``wait_timeout_ms`` 500) are keywords shared by every Redis backend
+    (``RedisWriteOptions``). Unreachable Redis raises :class:`BackendUnavailableError` (never
+    read that as "the lease is free"); auth, ACL and script failures raise
+    :class:`BackendPermanentError`.
 
     ``transfer_lease`` returns ``True`` without a new token when ``to_owner`` already holds
     the lease, so a transfer that redis-py re-sends after a timeout still reports success.
@@ -89,19 +90,11 @@ class RedisLeaseProvider:
         url: str | None = None,
         client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None,
         key_prefix: str = "leases",
-        cluster: bool = False,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         dedicated_renewals: bool | None = None,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+        **options: Unpack[RedisWriteOptions],
     ) -> None:
         check_str("key_prefix", key_prefix)
-        self._handle = RedisHandle(
-            "RedisLeaseProvider", url=url, client=client, cluster=cluster,
-            socket_timeout=socket_timeout, max_connections=max_connections,
-            wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms,
-        )
+        self._handle = RedisHandle("RedisLeaseProvider", url=url, client=client, **options)
         self.wait_replicas = self._handle.wait_replicas
         self.wait_timeout_ms = self._handle.wait_timeout_ms
         self.client: redis.asyncio.Redis = self._handle.client
@@ -151,9 +144,7 @@ class RedisLeaseProvider:
     async def acquire_lease(
         self, key: str, owner: str, ttl_ms: int, *, session: str | None = None
     ) -> AcquireResult:
-        check_key(key), check_owner(owner), check_ttl_ms(ttl_ms)
-        if session is not None:
-            check_owner(session, "session")
+        check_acquire(key, owner, ttl_ms, session)
         keys = [self.keys.lease(key), self.keys.fence(key)]
         reply = await self._call(
             self._acquire, f"acquire of lease {key!r}", keys, owner, ttl_ms, session or ""

@@ -7,6 +7,16 @@ the backends: :class:`InMemoryPubSub` (one process, asyncio and trio) and
 provider that goes with it. ``pubsub.testing`` holds a conformance suite for your own backend.
 """
 
+from _signal_leases.errors import (
+    BackendError,
+    BackendPermanentError,
+    BackendUnavailableError,
+    ClosedError,
+    PubSubError,
+    SignalsError,
+    UnsupportedBackendError,
+)
+
 from ._base import PubSubBase
 from ._contract import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
@@ -18,16 +28,7 @@ from ._contract import (
     Subscription,
     is_pubsub,
 )
-from ._errors import (
-    BackendError,
-    BackendPermanentError,
-    BackendUnavailableError,
-    ClosedError,
-    PubSubClosedError,
-    PubSubError,
-    SignalsError,
-    UnsupportedBackendError,
-)
+from ._errors import PubSubClosedError
 from ._memory import InMemoryPubSub
 from ._redis_streams import RedisStreamsPubSub
 

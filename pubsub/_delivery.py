@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Self, TypeVar
 
 import anyio
 import anyio.lowlevel
-import structlog
+
+from _signal_leases.logs import get_logger
 
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
-    from structlog.typing import FilteringBoundLogger
 
     from _signal_leases.aio import WakeQueue
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LoopSubscription", "deliver_with_retries"]
 
-logger: FilteringBoundLogger = structlog.get_logger("pubsub")
+logger = get_logger("pubsub")
 
 T = TypeVar("T")
 

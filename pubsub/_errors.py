@@ -1,30 +1,13 @@
-"""The pub/sub layer's part of the library's error tree (defined in ``_signal_leases.errors``).
+"""``PubSubClosedError``: the pub/sub layer's name from earlier releases for ``ClosedError``.
 
-``PubSubClosedError`` is the same class as :class:`ClosedError`: the name is kept from earlier
-releases, so ``except PubSubClosedError`` and ``except ClosedError`` catch the same errors.
+It is the same class, so ``except PubSubClosedError`` and ``except ClosedError`` catch the same
+errors. The rest of the error tree is defined once, in ``_signal_leases.errors``.
 """
 
 from __future__ import annotations
 
-from _signal_leases.errors import (
-    BackendError,
-    BackendPermanentError,
-    BackendUnavailableError,
-    ClosedError,
-    PubSubError,
-    SignalsError,
-    UnsupportedBackendError,
-)
+from _signal_leases.errors import ClosedError
 
-__all__ = [
-    "BackendError",
-    "BackendPermanentError",
-    "BackendUnavailableError",
-    "ClosedError",
-    "PubSubClosedError",
-    "PubSubError",
-    "SignalsError",
-    "UnsupportedBackendError",
-]
+__all__ = ["PubSubClosedError"]
 
 PubSubClosedError = ClosedError

@@ -23,15 +23,14 @@ from __future__ import annotations
 import os
 import uuid
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 import anyio
-import structlog
 
 from _signal_leases.errors import BackendError
+from _signal_leases.logs import get_logger
 from _signal_leases.redis_support import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_SOCKET_TIMEOUT_S,
+    RedisClientOptions,
     RedisHandle,
     atomic_pipeline,
     map_errors,
@@ -51,11 +50,10 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     import redis.asyncio
-    from structlog.typing import FilteringBoundLogger
 
 __all__ = ["RedisStreamsPubSub"]
 
-logger: FilteringBoundLogger = structlog.get_logger("pubsub")
+logger = get_logger("pubsub")
 
 
 class RedisStreamsPubSub(PubSubBase):
@@ -103,9 +101,7 @@ class RedisStreamsPubSub(PubSubBase):
         reclaim_interval_ms: int | None = None,
         max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS,
         consumer_name: str | None = None,
-        cluster: bool = False,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        **options: Unpack[RedisClientOptions],
     ) -> None:
         super().__init__(max_delivery_attempts=max_delivery_attempts)
         check_str("key_prefix", key_prefix)
@@ -122,10 +118,7 @@ class RedisStreamsPubSub(PubSubBase):
             reclaim_interval_ms=check_int("reclaim_interval_ms", reclaim_interval_ms),
             max_delivery_attempts=self.max_delivery_attempts,
         )
-        self._handle = RedisHandle(
-            "RedisStreamsPubSub", url=url, client=client, cluster=cluster,
-            socket_timeout=socket_timeout, max_connections=max_connections,
-        )
+        self._handle = RedisHandle("RedisStreamsPubSub", url=url, client=client, **options)
         self.process_id = consumer_name or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._ctx = StreamsContext(
             client=self._handle.client,

@@ -14,9 +14,9 @@ import time
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import anyio
-import structlog
 
 from _signal_leases.aio import retry_unavailable
+from _signal_leases.logs import get_logger
 
 from ._run import Doorbell, Run, RunInfo
 from ._store import PartIn
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Chain", "ChainSettings", "RunEnd"]
 
-logger: FilteringBoundLogger = structlog.get_logger("signals")
+logger = get_logger("signals")
 
 RunEnd: TypeAlias = Literal["finished", "failed", "cancelled"]
 _LOGGED_IDS = 20  # signal ids listed in a run's end line (the count is always there)

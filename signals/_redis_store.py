@@ -15,16 +15,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
-
-import structlog
+from typing import TYPE_CHECKING, Any, Unpack
 
 from _signal_leases.keys import SignalKeys
+from _signal_leases.logs import get_logger
 from _signal_leases.redis_support import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_SOCKET_TIMEOUT_S,
-    DEFAULT_WAIT_TIMEOUT_MS,
     RedisHandle,
+    RedisWriteOptions,
     as_int,
     map_errors,
     text,
@@ -64,7 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisSignalStore"]
 
-logger: FilteringBoundLogger = structlog.get_logger("signals")
+logger = get_logger("signals")
 
 DAY_MS = 86_400_000
 
@@ -73,7 +70,9 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
     """A durable :class:`~signals.SignalStore` on Redis.
 
     Give exactly one of ``url`` or ``client`` (only a client built from ``url`` is closed by
-    :meth:`aclose`). ``leases``: the ``RedisLeaseProvider`` on the same Redis whose leases the
+    :meth:`aclose`); the client options ``cluster``, ``socket_timeout`` (2 s),
+    ``max_connections`` (32), ``wait_replicas`` and ``wait_timeout_ms`` are those of every
+    Redis backend. ``leases``: the ``RedisLeaseProvider`` on the same Redis whose leases the
     fused calls read and grant (the runtime passes the one of its ``RedisStreamsPubSub``).
     ``retention_ms`` / ``max_receipts``: receipts (and the dedup window) per thread;
     ``idle_ttl_ms``: a thread nobody sends to for this long is dropped by Redis.
@@ -99,18 +98,10 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
         idle_ttl_ms: int = 7 * DAY_MS,
         stream_max_parts: int = 10_000,
         stream_retention_ms: int = DAY_MS,
-        cluster: bool = False,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+        **options: Unpack[RedisWriteOptions],
     ) -> None:
         check_str("key_prefix", key_prefix)
-        self._handle = RedisHandle(
-            "RedisSignalStore", url=url, client=client, cluster=cluster,
-            socket_timeout=socket_timeout, max_connections=max_connections,
-            wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms,
-        )
+        self._handle = RedisHandle("RedisSignalStore", url=url, client=client, **options)
         self.client: redis.asyncio.Redis = self._handle.client
         self.key_prefix = key_prefix
         self.keys = SignalKeys(key_prefix)

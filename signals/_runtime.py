@@ -17,11 +17,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
-import structlog
 from anyio import AsyncContextManagerMixin
 
 from _signal_leases.aio import WakeQueue, owned_task_group
 from _signal_leases.errors import ClosedError
+from _signal_leases.logs import get_logger
 from _signal_leases.validation import (
     check_choice,
     check_identifier,
@@ -60,7 +60,7 @@ __all__ = ["Agent", "SignalRuntime"]
 Agent: TypeAlias = Callable[[Run], Awaitable[None]]
 """``async def agent(run: Run) -> None``: the code that runs while a process owns a thread."""
 
-logger: FilteringBoundLogger = structlog.get_logger("signals")
+logger = get_logger("signals")
 
 _IF_ACTIVE = ("deliver", "queue", "interrupt", "discard", "reject")
 _IF_IDLE = ("wake", "enqueue", "discard")

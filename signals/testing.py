@@ -1,32 +1,30 @@
-"""A conformance suite for ``SignalStore`` implementations, run by pytest.
+"""Test helpers for ``SignalStore`` backends: the conformance suite and a recording store.
 
-Subclass :class:`SignalStoreConformance` in a test module (the class name must start with
-``Test``) and override the ``store`` fixture; pytest then runs every check against your
-backend. The checks are async and marked ``anyio``, so they run on the backends your
-``anyio_backend`` fixture selects (pin it to ``"asyncio"`` for an asyncio-only client)::
-
-    import pytest
-    from collections.abc import AsyncIterator
-    from signals.testing import SignalStoreConformance
+:class:`SignalStoreConformance` checks every rule of the store contract with pytest. To run
+it against your backend, subclass it in a test module under a name that starts with ``Test``
+and override its ``store`` fixture::
 
     class TestMyStore(SignalStoreConformance):
         @pytest.fixture
-        async def store(self) -> AsyncIterator[MyStore]:
+        async def store(self):
             async with MyStore(...) as store:
                 yield store
 
-If your store offers the fused calls (``route``, ``release_if_idle``, ``claim_pending``),
-also override the ``leases`` fixture with the lease provider it fuses with; the fused checks
-run then (they are skipped otherwise). Every check uses fresh thread keys and runtime ids, so
-one store may be shared. Time: presence checks wait with :meth:`~SignalStoreConformance.
-advance` (a real sleep by default; override it to move a fake clock). The receipt-retention
-check runs only when you override :meth:`~SignalStoreConformance.expire_receipts`.
+The checks are marked ``anyio``: your ``anyio_backend`` fixture picks the event loops (pin it
+to ``"asyncio"`` for an asyncio-only client). A store with the fused calls (``route``,
+``release_if_idle``, ``claim_pending``) also overrides the ``leases`` fixture with the lease
+provider it fuses with; without it the fused checks are skipped. Every check uses fresh thread
+keys and runtime ids, so one store may be shared. Presence checks wait with
+:meth:`~SignalStoreConformance.advance` (a real sleep unless you override it to move a fake
+clock); the receipt-retention check runs only when you override
+:meth:`~SignalStoreConformance.expire_receipts`.
+
+:class:`RecordingSignalStore` wraps a store and records each call, to count round trips.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import anyio
@@ -37,65 +35,20 @@ from _signal_leases.errors import CursorExpiredError
 from ._model import Signal
 from ._store import (
     Ack,
-    Claim,
-    InboxEntry,
     Notice,
     PartIn,
     RuntimeInfo,
     SignalStore,
     is_signal_store,
 )
+from ._testing_checks import ALL, ControlChecks, ids, new_name
 
 __all__ = ["RecordingSignalStore", "SignalInboxConformance", "SignalStoreConformance"]
 
-ALL = 100_000  # a limit that lists everything
-
-
-def _ids(entries: list[InboxEntry]) -> list[str]:
-    return [e.signal.id for e in entries]
-
-
-def _new(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
 
 @pytest.mark.anyio
-class SignalStoreConformance:
+class SignalStoreConformance(ControlChecks):
     """Mix-in test class: every rule of the ``SignalStore`` contract, one check each."""
-
-    #: Concurrent accepts of one signal id in the dedup race check.
-    racers: int = 20
-    #: Presence TTL of the registry checks, in ms (raise it for slow remote stores).
-    presence_ttl_ms: int = 150
-
-    @pytest.fixture
-    def store(self) -> Any:
-        """Override: yield (or return) the store under test."""
-        raise NotImplementedError("override the `store` fixture in your conformance class")
-
-    @pytest.fixture
-    def small_store(self) -> Any:
-        """Override: a store whose streams keep at most 5 parts (for the retention check)."""
-        pytest.skip("small_store is not overridden for this store")
-
-    @pytest.fixture
-    def leases(self) -> Any:
-        """Override with the lease provider the store fuses with (enables the fused checks)."""
-        return None
-
-    async def advance(self, store: SignalStore, ms: int) -> None:
-        """Let ``ms`` milliseconds pass for ``store`` (default: sleep)."""
-        await anyio.sleep(ms / 1000)
-
-    async def expire_receipts(self, store: SignalStore) -> None:
-        """Override: let the receipt retention pass. Default: skip the check that needs it."""
-        pytest.skip("expire_receipts is not overridden for this store")
-
-    async def _accept_many(self, store: SignalStore, thread: str, n: int) -> list[Signal]:
-        signals = [Signal({"n": i}, id=f"s{i}") for i in range(n)]
-        for signal in signals:
-            assert (await store.accept(thread, signal, "deliver")).fresh
-        return signals
 
     # -- accept, read -------------------------------------------------------------------------
 
@@ -103,13 +56,13 @@ class SignalStoreConformance:
         assert is_signal_store(store)
 
     async def test_empty_thread_reads_nothing(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         assert await store.read(thread) == []
         assert await store.pending_count(thread) == 0
         assert await store.receipt(thread, "nope") is None
 
     async def test_signal_and_mode_survive_the_trip(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         payload = {"text": "héllo ✓ \ud800", "nested": [1, 2.5, None, True, {"k": "v"}]}
         one = Signal(payload, type="system", id="one", created_at=1_700_000_000.25)
         two = Signal("plain", id="two")
@@ -122,32 +75,32 @@ class SignalStoreConformance:
         assert entries[0].signal.payload == payload
 
     async def test_entries_come_back_in_accept_order(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         signals = await self._accept_many(store, thread, 25)
         entries = await store.read(thread)
-        assert _ids(entries) == [s.id for s in signals]
+        assert ids(entries) == [s.id for s in signals]
         assert len({e.entry_id for e in entries}) == 25
 
     async def test_read_after_is_exclusive_and_limit_caps(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 6)
         first_two = await store.read(thread, limit=2)
-        assert _ids(first_two) == ["s0", "s1"]
+        assert ids(first_two) == ["s0", "s1"]
         rest = await store.read(thread, after=first_two[-1].entry_id)
-        assert _ids(rest) == ["s2", "s3", "s4", "s5"]
+        assert ids(rest) == ["s2", "s3", "s4", "s5"]
         assert await store.read(thread, after=rest[-1].entry_id) == []
 
     async def test_read_is_bounded_by_bytes_but_returns_at_least_one(
         self, store: SignalStore
     ) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         for i in range(4):
             assert (await store.accept(thread, Signal("x" * 4000, id=f"b{i}"), "deliver")).fresh
-        assert _ids(await store.read(thread, max_bytes=9000)) == ["b0", "b1"]
-        assert _ids(await store.read(thread, max_bytes=10)) == ["b0"]
+        assert ids(await store.read(thread, max_bytes=9000)) == ["b0", "b1"]
+        assert ids(await store.read(thread, max_bytes=10)) == ["b0"]
 
     async def test_threads_are_separate(self, store: SignalStore) -> None:
-        a, b = _new("t"), _new("t")
+        a, b = new_name("t"), new_name("t")
         assert (await store.accept(a, Signal("a", id="same"), "deliver")).fresh
         assert (await store.accept(b, Signal("b", id="same"), "deliver")).fresh
         assert [e.signal.payload for e in await store.read(a)] == ["a"]
@@ -156,13 +109,13 @@ class SignalStoreConformance:
     # -- dedup and receipts -------------------------------------------------------------------
 
     async def test_accept_writes_a_pending_receipt(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await store.accept(thread, Signal(1, id="r"), "deliver")
         receipt = await store.receipt(thread, "r")
         assert receipt is not None and receipt.status == "pending" and not receipt.done
 
     async def test_duplicate_is_refused_with_the_original_receipt(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         assert (await store.accept(thread, Signal("first", id="dup"), "deliver")).fresh
         again = await store.accept(thread, Signal("second", id="dup"), "queue")
         assert not again.fresh and again.receipt is not None
@@ -172,7 +125,7 @@ class SignalStoreConformance:
         ]
 
     async def test_acked_ids_stay_deduplicated(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await store.accept(thread, Signal("x", id="done"), "deliver")
         [entry] = await store.read(thread)
         await store.ack(thread, [Ack(entry.entry_id, "done", "run-1")])
@@ -182,7 +135,7 @@ class SignalStoreConformance:
         assert await store.read(thread) == []
 
     async def test_concurrent_accepts_of_one_id_store_it_once(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         fresh: list[bool] = []
 
         async def accept(i: int) -> None:
@@ -195,7 +148,7 @@ class SignalStoreConformance:
         assert await store.pending_count(thread) == 1
 
     async def test_an_id_is_accepted_again_after_retention(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await store.accept(thread, Signal("x", id="old"), "deliver")
         [entry] = await store.read(thread)
         await store.ack(thread, [Ack(entry.entry_id, "old", "run-1")])
@@ -206,11 +159,11 @@ class SignalStoreConformance:
     # -- deliver, ack, dead letters -----------------------------------------------------------
 
     async def test_ack_removes_and_records_the_result(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 3)
         entries = await store.read(thread)
         await store.ack(thread, [Ack(entries[1].entry_id, "s1", "run-1", json.dumps({"ok": 1}))])
-        assert _ids(await store.read(thread)) == ["s0", "s2"]
+        assert ids(await store.read(thread)) == ["s0", "s2"]
         assert await store.pending_count(thread) == 2
         receipt = await store.receipt(thread, "s1")
         assert receipt is not None
@@ -219,10 +172,10 @@ class SignalStoreConformance:
         await store.ack(thread, [Ack(entries[1].entry_id, "s1", "run-2")])
         again = await store.receipt(thread, "s1")
         assert again is not None and again.run_id == "run-1"
-        assert _ids(await store.read(thread, after=entries[1].entry_id)) == ["s2"]
+        assert ids(await store.read(thread, after=entries[1].entry_id)) == ["s2"]
 
     async def test_deliver_counts_once_per_run(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 1)
         [entry] = await store.read(thread)
         assert await store.deliver(thread, entry.entry_id, "s0", "run-1", max_attempts=5) == 1
@@ -232,14 +185,14 @@ class SignalStoreConformance:
         assert again.attempts == 2 and again.signal.attempt == 2
 
     async def test_deliver_of_a_gone_entry_is_zero(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 1)
         [entry] = await store.read(thread)
         await store.ack(thread, [Ack(entry.entry_id, "s0", "run-1")])
         assert await store.deliver(thread, entry.entry_id, "s0", "run-2", max_attempts=5) == 0
 
     async def test_too_many_attempts_dead_letter_the_signal(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 2)
         [poison, other] = await store.read(thread)
         for attempt in (1, 2):
@@ -248,7 +201,7 @@ class SignalStoreConformance:
             ) == attempt
         await store.note_failure(thread, ["s0"], "ValueError: bad input")
         assert await store.deliver(thread, poison.entry_id, "s0", "run-3", max_attempts=2) == -1
-        assert _ids(await store.read(thread)) == ["s1"]
+        assert ids(await store.read(thread)) == ["s1"]
         receipt = await store.receipt(thread, "s0")
         assert receipt is not None and receipt.status == "dead_lettered"
         assert receipt.error == "ValueError: bad input"
@@ -257,7 +210,7 @@ class SignalStoreConformance:
         assert await store.deliver(thread, other.entry_id, "s1", "run-3", max_attempts=2) == 1
 
     async def test_dead_letters_can_be_retried_and_purged(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 2)
         for entry in await store.read(thread):
             await store.deliver(thread, entry.entry_id, entry.signal.id, "r1", max_attempts=0)
@@ -273,7 +226,7 @@ class SignalStoreConformance:
     # -- pending index and registry -----------------------------------------------------------
 
     async def test_accept_indexes_and_the_last_ack_unindexes(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 2)
         assert thread in await store.pending_threads(limit=ALL)
         entries = await store.read(thread)
@@ -286,8 +239,8 @@ class SignalStoreConformance:
         assert thread not in await store.pending_threads(limit=ALL)
 
     async def test_a_dead_runtime_s_threads_are_indexed(self, store: SignalStore) -> None:
-        alive, dead = _new("rt"), _new("rt")
-        busy, idle = _new("t"), _new("t")
+        alive, dead = new_name("rt"), new_name("rt")
+        busy, idle = new_name("t"), new_name("t")
         await store.accept(busy, Signal(1), "deliver")
         await store.unindex(busy)  # as if a runtime had claimed it
         for rid in (alive, dead):
@@ -307,7 +260,7 @@ class SignalStoreConformance:
     # -- notices ------------------------------------------------------------------------------
 
     async def test_notices_reach_their_runtime_and_workers(self, store: SignalStore) -> None:
-        me, other = _new("rt"), _new("rt")
+        me, other = new_name("rt"), new_name("rt")
         got: list[Notice] = []
         async with store.listen(me, got.append, worker=True):
             assert got[0].kind == "resync"
@@ -324,7 +277,7 @@ class SignalStoreConformance:
     async def test_parts_come_back_in_order_and_resume_from_every_cursor(
         self, store: SignalStore
     ) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         cursors = await store.emit(thread, [PartIn("part", "r/1", None, json.dumps(i))
                                             for i in range(7)])
         assert len(cursors) == len(set(cursors)) == 7
@@ -339,13 +292,13 @@ class SignalStoreConformance:
                 range(i + 1, 7)
             )
         assert [p.data for p in await store.stream_read(thread, limit=3)] == [0, 1, 2]
-        assert await store.stream_read(_new("t")) == []
-        assert await store.stream_tail(_new("t")) is None
+        assert await store.stream_read(new_name("t")) == []
+        assert await store.stream_tail(new_name("t")) is None
 
     async def test_deliver_ack_and_dead_letters_write_lifecycle_parts(
         self, store: SignalStore
     ) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         await self._accept_many(store, thread, 2)
         a, b = await store.read(thread)
         await store.deliver(thread, a.entry_id, "s0", "r/1", max_attempts=5)
@@ -361,7 +314,7 @@ class SignalStoreConformance:
     async def test_a_trimmed_cursor_is_refused_not_skipped(self, small_store: Any) -> None:
         from ._model import StreamPart  # noqa: F401  (the type the store returns)
 
-        thread = _new("t")
+        thread = new_name("t")
         cursors = await small_store.emit(thread, [PartIn("part", "r/1", None, str(i))
                                                   for i in range(8)])
         kept = await small_store.stream_read(thread)
@@ -372,7 +325,7 @@ class SignalStoreConformance:
             await small_store.stream_read(thread, after=cursors[1])
 
     async def test_the_follower_hands_new_parts_to_waiters(self, store: SignalStore) -> None:
-        thread = _new("t")
+        thread = new_name("t")
         [first] = await store.emit(thread, [PartIn("part", "r/1", None, "1")])
         got: list[list[Any]] = []
         async with store.follower() as follower:
@@ -387,173 +340,6 @@ class SignalStoreConformance:
                 await anyio.sleep(0.05)
                 await store.emit(thread, [PartIn("part", "r/1", None, "2")])
         assert got == [[2], [2], [2]]
-
-    # -- control: abort and cancel --------------------------------------------------------------
-
-    async def _hold(self, store: SignalStore, leases: Any, thread: str, run_id: str) -> None:
-        """Make ``run_id`` the live owner where the store checks leases itself."""
-        fuses = getattr(store, "fuses_with", None)
-        if leases is not None and callable(fuses) and fuses(leases):
-            assert (await leases.acquire_lease(thread, run_id, 10_000)).acquired
-
-    async def test_cancel_withdraws_what_no_run_holds(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        thread = _new("t")
-        await self._hold(store, leases, thread, "r/1")
-        await self._accept_many(store, thread, 3)
-        entries = await store.read(thread)
-        await store.deliver(thread, entries[0].entry_id, "s0", "r/1", max_attempts=5)
-        removed = await store.cancel(thread, ["s0", "s1", "nope"], in_flight_run="r/1")
-        assert removed == ["s1"]
-        assert _ids(await store.read(thread)) == ["s0", "s2"]
-        receipt = await store.receipt(thread, "s1")
-        assert receipt is not None and receipt.status == "cancelled"
-        assert await store.deliver(thread, entries[1].entry_id, "s1", "r/1", max_attempts=5) == 0
-        assert ("signal.cancelled", "s1") in [
-            (p.kind, p.signal_id) for p in await store.stream_read(thread)
-        ]
-        assert await store.cancel(thread, ["s2"], in_flight_run="r/1") == ["s2"]
-
-    async def test_abort_notifies_the_run_s_runtime_and_can_clear(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        thread, rid = _new("t"), _new("rt")
-        await self._hold(store, leases, thread, f"{rid}/1")
-        await self._accept_many(store, thread, 2)
-        got: list[Notice] = []
-        async with store.listen(rid, got.append, worker=False):
-            run = await store.abort(thread, f"{rid}/1", reason="stop", clear=True)
-            with anyio.fail_after(5):
-                while len(got) < 2:  # noqa: ASYNC110 (notices arrive over the network)
-                    await anyio.sleep(0.01)
-        assert run == f"{rid}/1"
-        assert got[1] == Notice("abort", thread, f"{rid}/1", "stop")
-        assert await store.pending_count(thread) == 0
-        receipt = await store.receipt(thread, "s0")
-        assert receipt is not None and receipt.status == "cancelled"
-        meta = await store.thread_meta([thread])
-        assert meta[thread]["abort"] == f"{rid}/1" and meta[thread]["pending"] == 0
-
-    # -- fused calls --------------------------------------------------------------------------
-
-    def _fused(self, store: SignalStore, leases: Any) -> Any:
-        if leases is None or not store.fuses_with(leases):  # type: ignore[attr-defined]
-            pytest.skip("this store offers no fused calls with these leases")
-        return store
-
-    async def test_route_claims_a_free_thread(self, store: SignalStore, leases: Any) -> None:
-        fused = self._fused(store, leases)
-        thread, rid = _new("t"), _new("rt")
-        claim = Claim(f"{rid}/1", 10_000, None, rid)
-        routed = await fused.route(thread, Signal(1, id="a"), "deliver", claim=claim,
-                                   sender=rid, wake_workers=True)
-        assert routed.fresh and routed.claimed and routed.owner == f"{rid}/1"
-        assert await leases.get_lease_owner(thread) == f"{rid}/1"
-        assert thread not in await store.pending_threads(limit=ALL)
-        dup = await fused.route(thread, Signal(1, id="a"), "deliver", claim=None, sender=None,
-                                wake_workers=True)
-        assert not dup.fresh and not dup.claimed and dup.owner == f"{rid}/1"
-
-    async def test_route_notifies_the_owner_or_the_workers(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        fused = self._fused(store, leases)
-        owned, free, owner_rt, worker = _new("t"), _new("t"), _new("rt"), _new("rt")
-        await leases.acquire_lease(owned, f"{owner_rt}/7", 10_000)
-        got: list[Notice] = []
-        other: list[Notice] = []
-        async with store.listen(owner_rt, got.append, worker=False), store.listen(
-            worker, other.append, worker=True
-        ):
-            routed = await fused.route(owned, Signal(1), "deliver", claim=None, sender=None,
-                                       wake_workers=True)
-            assert routed.owner == f"{owner_rt}/7" and not routed.claimed
-            routed = await fused.route(free, Signal(2), "deliver", claim=None, sender=None,
-                                       wake_workers=True)
-            assert routed.owner is None and free in await store.pending_threads(limit=ALL)
-            with anyio.fail_after(5):
-                while len(got) < 2 or len(other) < 2:  # noqa: ASYNC110 (as above)
-                    await anyio.sleep(0.01)
-        notice = got[1]
-        assert (notice.kind, notice.thread_key, notice.run_id) == ("signal", owned, f"{owner_rt}/7")
-        if notice.entry is not None:  # carried: already delivered to that run
-            assert notice.entry.delivered == 1 and notice.entry.signal.payload == 1
-            [entry] = await store.read(owned)
-            assert entry.attempts == 1 and entry.entry_id == notice.entry.entry_id
-        assert other[1] == Notice("work", free)
-
-    async def test_release_if_idle_keeps_a_thread_with_work(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        fused = self._fused(store, leases)
-        thread, rid = _new("t"), _new("rt")
-        claim = Claim(f"{rid}/1", 10_000, None, rid)
-        await fused.route(thread, Signal(1, id="a"), "deliver", claim=claim, sender=rid,
-                          wake_workers=False)
-        assert not await fused.release_if_idle(thread, f"{rid}/1", rid)
-        [entry] = await store.read(thread)
-        await store.ack(thread, [Ack(entry.entry_id, "a", f"{rid}/1")])
-        assert await fused.release_if_idle(thread, f"{rid}/1", rid)
-        assert await leases.get_lease_owner(thread) is None
-
-    async def test_a_stale_run_can_neither_take_nor_ack(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        fused = self._fused(store, leases)
-        thread = _new("t")
-        await store.accept(thread, Signal(1, id="a"), "deliver")
-        [entry] = await store.read(thread)
-        await leases.acquire_lease(thread, "new/1", 10_000)
-        assert await store.deliver(thread, entry.entry_id, "a", "old/1", max_attempts=5) == -2
-        assert await store.ack(thread, [Ack(entry.entry_id, "a", "old/1")]) is False
-        assert await store.pending_count(thread) == 1
-        assert await store.deliver(thread, entry.entry_id, "a", "new/1", max_attempts=5) == 1
-        assert await fused.claim_pending(thread, Claim("x/1", 10_000, None, "x")) is not None
-
-    async def test_abort_checks_the_lease_atomically(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        self._fused(store, leases)
-        thread = _new("t")
-        assert await store.abort(thread, None, reason="", clear=False) is None  # nobody runs it
-        await leases.acquire_lease(thread, "rt-x/2", 10_000)
-        assert await store.abort(thread, "rt-x/1", reason="", clear=False) is None  # a successor
-        assert await store.abort(thread, None, reason="", clear=False) == "rt-x/2"
-
-    async def test_claim_pending_takes_only_ownerless_work(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        fused = self._fused(store, leases)
-        rid = _new("rt")
-        empty, owned, free = _new("t"), _new("t"), _new("t")
-        await leases.acquire_lease(owned, "someone/1", 10_000)
-        for thread in (owned, free):
-            await store.accept(thread, Signal(1), "deliver")
-        assert (await fused.claim_pending(empty, Claim(f"{rid}/1", 10_000, None, rid))).empty
-        got = await fused.claim_pending(owned, Claim(f"{rid}/2", 10_000, None, rid))
-        assert not got.claimed and got.owner == "someone/1"
-        got = await fused.claim_pending(free, Claim(f"{rid}/3", 10_000, None, rid))
-        assert got.claimed and got.token is not None
-        pending = await store.pending_threads(limit=ALL)
-        assert owned not in pending and free not in pending
-
-    async def test_a_live_owner_only_defers_its_thread_until_the_lease_would_expire(
-        self, store: SignalStore, leases: Any
-    ) -> None:
-        """The holder may be dead (its presence lapsed before its lease): recovery must come
-        back to the thread once the lease expires, not forget it."""
-        fused = self._fused(store, leases)
-        rid, thread = _new("rt"), _new("t")
-        await leases.acquire_lease(thread, "dead-runtime/1", 300)
-        await store.accept(thread, Signal(1), "deliver")
-        got = await fused.claim_pending(thread, Claim(f"{rid}/1", 10_000, None, rid))
-        assert not got.claimed and got.owner == "dead-runtime/1"
-        assert thread not in await store.pending_threads(limit=ALL), "deferred while it is live"
-        await self.advance(store, 400)
-        assert thread in await store.pending_threads(limit=ALL), "back once the lease expired"
-        assert (await fused.claim_pending(thread, Claim(f"{rid}/2", 10_000, None, rid))).claimed
-
 
 SignalInboxConformance = SignalStoreConformance  # the suite's name in earlier releases
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+import redis.asyncio
 import redis.exceptions as rex
 from redis.asyncio.cluster import ClusterNode
 from redis.crc import key_slot
@@ -220,3 +221,14 @@ def test_cluster_errors_map_to_the_error_tree() -> None:
             raise exc
     with pytest.raises(BackendPermanentError), map_errors("x"):
         raise rex.RedisClusterException("EVALSHA - all keys must map to the same key slot")
+
+
+async def test_a_connection_closed_under_redis_py_is_unavailable() -> None:
+    """redis-py raises AttributeError when another task closed the connection it writes to (a
+    Cluster client rebuilding its topology in a failover): that maps to unavailable."""
+    connection = redis.asyncio.Connection()  # never connected: its writer is None
+    with pytest.raises(BackendUnavailableError, match="closed while in use"), \
+            map_errors("a write"):
+        await connection._send_packed_command([b"PING"])
+    with pytest.raises(AttributeError), map_errors("our own bug"):
+        None.missing  # type: ignore[attr-defined]  # noqa: B018 - not raised inside redis-py
