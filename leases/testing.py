@@ -27,6 +27,9 @@ Set ``exclusive = False`` for a backend that coordinates nothing (such as
 then skipped and only the always-true ones (grants, validation) run.
 
 Each check uses fresh keys, so one provider may be shared; the fixture may still be per test.
+
+Over 400 lines on purpose: one conformance check per rule of the contract, kept in one
+class so a backend author reads every rule in one file.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ Knobs (class attributes you may override):
   backend without slowing a fast one; no check asserts on elapsed time.
 
 Every check uses fresh topic and group names, so one backend instance may serve all checks.
+
+Over 400 lines on purpose: one conformance check per rule of the contract, kept in one
+class so a backend author reads every rule in one file.
 """
 
 from __future__ import annotations

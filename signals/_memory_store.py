@@ -4,6 +4,9 @@ Every call does its whole change after one checkpoint, with no await inside it, 
 is atomic; pure anyio (asyncio and trio). With its own :class:`~leases.InMemoryLeaseProvider`
 it also offers the fused calls (``route``, ``release_if_idle``, ``claim_pending``), reading and
 granting leases in the same step.
+
+Over 400 lines on purpose: it is the reference implementation of the whole store contract
+(inbox, receipts, dead letters, streams, presence, fused calls) in one readable place.
 """
 
 from __future__ import annotations

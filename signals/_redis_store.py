@@ -7,6 +7,9 @@ connection for both, and after every reconnect hands its handler a ``resync`` no
 On a Cluster the cross-thread index is updated in separate calls (see ``_redis_lua``).
 The cross-thread parts (pending index, runtime registry, notices) are in
 :mod:`signals._redis_presence`.
+
+Over 400 lines on purpose: one method per store call, each a thin wrapper around one Lua
+script of ``_redis_lua``; the stream and dead-letter halves already live in their own modules.
 """
 
 from __future__ import annotations

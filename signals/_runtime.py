@@ -4,6 +4,9 @@ Per process, not per thread: one lease heartbeat (one renewal per interval for a
 where the provider has sessions or batches), one notice listener (one connection), one
 recovery task. Per active thread: the chain's task, which runs the agent. See
 ``docs/signals.md`` for the model and ``docs/guarantees.md`` for what holds.
+
+Slightly over 400 lines: the runtime's public entry points; routing, runs, control and
+streams are in their own modules.
 """
 
 from __future__ import annotations

@@ -17,11 +17,13 @@ import pytest
 from leases import BackendUnavailableError, RedisLeaseProvider
 from pubsub import Event, RedisStreamsPubSub
 from pubsub.testing import Recorder
+from tests._redis_cluster import FAILOVER_MARKS
 
 if TYPE_CHECKING:
     from tests._redis_cluster import RedisCluster
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow,
+              *FAILOVER_MARKS]
 
 TTL_MS = 50  # each round's lease expires before the next round: every grant is a new token
 RECOVERY_S = 20.0  # node timeout 1 s, election, slot-map refresh; generous for a busy machine

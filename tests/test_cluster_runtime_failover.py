@@ -19,11 +19,13 @@ import pytest
 from leases import BackendUnavailableError, RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
 from signals import RedisSignalStore, Run, Signal, SignalRuntime
+from tests._redis_cluster import FAILOVER_MARKS
 
 if TYPE_CHECKING:
     from tests._redis_cluster import RedisCluster
 
-pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster, pytest.mark.slow,
+              *FAILOVER_MARKS]
 
 THREADS = 24
 PREFIX = "fo"
