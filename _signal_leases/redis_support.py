@@ -216,12 +216,20 @@ class RedisHandle:
         *,
         url: str | None = None,
         client: Any = None,
-        cluster: bool = False,
-        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS,
+        writes: bool = True,
+        **options: Any,
     ) -> None:
+        # The options of RedisWriteOptions, or of RedisClientOptions when the backend has no
+        # WAIT behaviour (writes=False): anything else is the caller's typo, named as theirs.
+        allowed = (RedisWriteOptions if writes else RedisClientOptions).__optional_keys__
+        for name in options:
+            if name not in allowed:
+                raise TypeError(f"{what}() got an unexpected keyword argument {name!r}")
+        cluster = options.get("cluster", False)
+        socket_timeout = options.get("socket_timeout", DEFAULT_SOCKET_TIMEOUT_S)
+        max_connections = options.get("max_connections", DEFAULT_MAX_CONNECTIONS)
+        wait_replicas = options.get("wait_replicas", 0)
+        wait_timeout_ms = options.get("wait_timeout_ms", DEFAULT_WAIT_TIMEOUT_MS)
         if (url is None) == (client is None):
             raise TypeError(f"{what} needs exactly one of url= or client=")
         self.what = what

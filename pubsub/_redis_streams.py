@@ -118,7 +118,9 @@ class RedisStreamsPubSub(PubSubBase):
             reclaim_interval_ms=check_int("reclaim_interval_ms", reclaim_interval_ms),
             max_delivery_attempts=self.max_delivery_attempts,
         )
-        self._handle = RedisHandle("RedisStreamsPubSub", url=url, client=client, **options)
+        self._handle = RedisHandle(
+            "RedisStreamsPubSub", url=url, client=client, writes=False, **options
+        )
         self.process_id = consumer_name or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._ctx = StreamsContext(
             client=self._handle.client,

@@ -496,6 +496,16 @@ async def test_errors_are_clear(redis_url: str, key_prefix: str) -> None:
         RedisStreamsPubSub(url=redis_url, block_ms=0)
     with pytest.raises(ValueError, match="consumer_name"):
         RedisStreamsPubSub(url=redis_url, consumer_name="a:b")
+    # A misspelt client option, or one this backend does not have, is named as the caller's.
+    with pytest.raises(TypeError, match=r"RedisStreamsPubSub\(\) got .* 'clustr'"):
+        RedisStreamsPubSub(url=redis_url, clustr=True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"RedisStreamsPubSub\(\) got .* 'wait_replicas'"):
+        RedisStreamsPubSub(url=redis_url, wait_replicas=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"RedisLeaseProvider\(\) got .* 'max_conections'"):
+        leases.RedisLeaseProvider(url=redis_url, max_conections=4)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="cluster must be a bool"):
+        leases.RedisLeaseProvider(url=redis_url, cluster="yes")  # type: ignore[arg-type]
+    assert leases.RedisLeaseProvider(url=redis_url, wait_replicas=1).wait_replicas == 1
     ps = RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix)
     with pytest.raises(PubSubClosedError, match="async with"):
         await ps.subscribe("t", Recorder())
