@@ -5,8 +5,7 @@ is atomic; pure anyio (asyncio and trio). With its own :class:`~leases.InMemoryL
 it also offers the fused calls (``route``, ``release_if_idle``, ``claim_pending``), reading and
 granting leases in the same step.
 
-Over 400 lines on purpose: it is the reference implementation of the whole store contract
-(inbox, receipts, dead letters, streams, presence, fused calls) in one readable place.
+Over 400 lines on purpose: the whole store contract's reference semantics in one place.
 """
 
 from __future__ import annotations
