@@ -16,7 +16,6 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
 from pathlib import Path
 
 import redis.asyncio
@@ -24,8 +23,8 @@ from redis.asyncio.lock import Lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._server import redis_url
 from leases import InMemoryLeaseProvider, RedisLeaseProvider
-from tests._redis_server import RedisServer, redis_server_binary
 
 TTL_MS = 10_000
 Cycle = Callable[[int], Awaitable[None]]
@@ -100,14 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=2000, help="cycles per round and side")
     parser.add_argument("--tasks", default="1,16", help="concurrent tasks, comma-separated")
     args = parser.parse_args(argv)
-    with ExitStack() as stack:
-        url: str | None = args.redis_url
-        if url is None:
-            binary = redis_server_binary()
-            if binary is None:
-                print("redis-server not found; pass --redis-url", file=sys.stderr)
-                return 2
-            url = stack.enter_context(RedisServer(binary)).url
+    with redis_url(args.redis_url) as url:
         print(f"redis: {url}, {args.rounds} rounds x {args.cycles} cycles per side")
         asyncio.run(run(url, args.rounds, args.cycles, [int(t) for t in args.tasks.split(",")]))
     return 0

@@ -17,7 +17,6 @@ import statistics
 import sys
 import time
 import uuid
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,8 @@ import redis.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._server import redis_url
 from pubsub import Event, RedisStreamsPubSub
-from tests._redis_server import RedisServer, redis_server_binary
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -122,13 +121,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--events", type=int, default=500)
     args = parser.parse_args()
-    with ExitStack() as stack:
-        url = args.redis_url
-        if url is None:
-            binary = redis_server_binary()
-            if binary is None:
-                sys.exit("redis-server is not installed; pass --redis-url")
-            url = stack.enter_context(RedisServer(binary)).url
+    with redis_url(args.redis_url) as url:
         anyio.run(run, url, args.rounds, args.events)
 
 

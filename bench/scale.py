@@ -26,7 +26,6 @@ import resource
 import sys
 import time
 import uuid
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +36,10 @@ import anyio.lowlevel
 import redis.asyncio
 import structlog
 
+from bench._server import redis_url
 from leases import LeaseHeartbeat, RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
 from signals import Run, Signal, SignalRuntime
-from tests._redis_server import RedisServer, redis_server_binary
 
 
 def rss_kib() -> int:
@@ -261,13 +260,7 @@ def cli() -> None:
     parser.add_argument("--parts", default="all", help="all, or any of threads,leases,latency")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    with ExitStack() as stack:
-        url = args.redis_url
-        if url is None:
-            binary = redis_server_binary()
-            if binary is None:
-                raise SystemExit("redis-server is not installed; pass --redis-url")
-            url = stack.enter_context(RedisServer(binary)).url
+    with redis_url(args.redis_url) as url:
         print(f"redis: {url}")
         anyio.run(main, args, url, backend="asyncio")
 

@@ -24,7 +24,6 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,9 @@ import anyio
 import redis.asyncio
 import structlog
 
+from bench._server import redis_url
 from pubsub import InMemoryPubSub, PubSub, RedisStreamsPubSub
 from signals import Run, Signal, SignalRuntime
-from tests._redis_server import RedisServer, redis_server_binary
 
 Bench = Callable[[int], Awaitable[float]]
 
@@ -150,13 +149,7 @@ def cli() -> None:
     parser.add_argument("--signals", type=int, default=2000)
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    with ExitStack() as stack:
-        url = args.redis_url
-        if url is None:
-            binary = redis_server_binary()
-            if binary is None:
-                raise SystemExit("redis-server is not installed; pass --redis-url")
-            url = stack.enter_context(RedisServer(binary)).url
+    with redis_url(args.redis_url) as url:
         print(f"redis: {url}; {args.rounds} interleaved rounds of {args.signals} signals")
         anyio.run(main, url, args.rounds, args.signals, backend="asyncio")
 
