@@ -20,6 +20,7 @@ from leases import RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
 from signals import EntryMode, PartIn, RedisSignalStore, Run, Signal, SignalRuntime
 from signals._cli import Prefixes, _redact, main
+from tests._cli import ROOT, cli
 from tests._redis_server import RedisServer, free_port
 
 if TYPE_CHECKING:
@@ -30,20 +31,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("REDIS_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "signals", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=ROOT,
-    )
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:

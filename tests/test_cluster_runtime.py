@@ -5,11 +5,8 @@ node, never per thread)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,6 +15,7 @@ import redis.asyncio
 
 from pubsub import RedisStreamsPubSub
 from signals import Run, Signal, SignalRuntime
+from tests._cli import cli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster]
 
@@ -136,17 +134,11 @@ async def test_the_cli_reads_a_cluster(cluster_url: str, key_prefix: str) -> Non
         for i in range(3):
             await sender.send(f"cli-{i}", Signal("hi", id=f"s{i}"), if_idle="enqueue")
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "signals", *args, "--redis-url", cluster_url, "--cluster",
-             "--key-prefix", key_prefix, "--json"],
-            capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
-        )
-
+    where = ("--redis-url", cluster_url, "--cluster", "--key-prefix", key_prefix, "--json")
     for i in range(3):
-        done = await anyio.to_thread.run_sync(cli, "pending", f"cli-{i}")
+        done = await anyio.to_thread.run_sync(cli, "pending", f"cli-{i}", *where)
         assert done.returncode == 0, done.stderr
         assert [s["id"] for s in json.loads(done.stdout)["pending"]] == [f"s{i}"]
-    done = await anyio.to_thread.run_sync(cli, "receipt", "cli-1", "s1")
+    done = await anyio.to_thread.run_sync(cli, "receipt", "cli-1", "s1", *where)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "pending"
