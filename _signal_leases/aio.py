@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from .errors import BackendUnavailableError, UnsupportedBackendError
+from _signal_leases.errors import BackendUnavailableError, UnsupportedBackendError
 
 __all__ = [
     "WakeQueue",

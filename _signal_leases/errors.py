@@ -20,8 +20,7 @@
         └── CursorExpiredError (LookupError)  a stream cursor older than retention
 
 ``leases``, ``pubsub`` and ``signals`` each export the root, ``ClosedError``, the backend
-errors and their own branch. ``PubSubClosedError`` and ``RuntimeClosedError`` are the same
-class as ``ClosedError`` (names kept from earlier releases).
+errors and their own branch.
 """
 
 from __future__ import annotations

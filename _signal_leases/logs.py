@@ -1,22 +1,71 @@
-"""The library's loggers: one structlog logger per layer, named ``leases``, ``pubsub`` and
-``signals``. The library binds context (``key``, ``owner``, ``run_id``, ``token``,
-``signal_id``) on them and never configures logging: that is the application's choice."""
+"""The library's loggers: one per layer, named ``leases``, ``pubsub`` and ``signals``.
+
+The library is silent until the application asks for its logs, and never configures logging
+itself:
+
+* When the application has configured structlog (``structlog.configure``), every event goes
+  through the application's structlog pipeline, under the layer's name, with the bound keys
+  (``key``, ``owner``, ``run_id``, ``token``, ``signal_id``, ...).
+* Otherwise every event goes to the standard :mod:`logging` module, to the logger named after
+  the layer (``logging.getLogger("signals")``). Unconfigured, Python prints nothing below
+  ``WARNING`` and nothing at all on stdout (its last-resort handler writes warnings and errors
+  to stderr); ``logging.basicConfig(level=logging.INFO)`` shows every event. The message is
+  ``<event> key=value ...``, and the record carries the whole event as ``record.event_dict``.
+
+A disabled level costs one ``isEnabledFor`` check: nothing is formatted.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import logging
+from typing import Any, Literal
 
 import structlog
 
-if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
-
-__all__ = ["Layer", "get_logger"]
+__all__ = ["Layer", "Logger", "get_logger"]
 
 Layer = Literal["leases", "pubsub", "signals"]
 
 
-def get_logger(layer: Layer) -> FilteringBoundLogger:
-    """The logger of ``layer`` (structlog's, lazily bound to the application's configuration)."""
-    logger: FilteringBoundLogger = structlog.get_logger(layer)
-    return logger
+class Logger:
+    """A bound logger of one layer (see the module docstring): ``bind(**keys)`` returns a new
+    logger with more context; ``debug``/``info``/``warning``/``error`` log one event."""
+
+    __slots__ = ("_context", "_name")
+
+    def __init__(self, name: str, context: dict[str, Any] | None = None) -> None:
+        self._name = name
+        self._context: dict[str, Any] = context or {}
+
+    def bind(self, **keys: Any) -> Logger:
+        """A logger with ``keys`` added to the context of every event."""
+        return Logger(self._name, {**self._context, **keys})
+
+    def _emit(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
+        if structlog.is_configured():
+            getattr(structlog.get_logger(self._name), method)(event, **self._context, **fields)
+            return
+        stdlib = logging.getLogger(self._name)
+        if not stdlib.isEnabledFor(level):
+            return
+        data = {**self._context, **fields}
+        text = " ".join([event, *(f"{k}={v!r}" for k, v in data.items())])
+        stdlib.log(level, "%s", text, extra={"event_dict": {"event": event, **data}},
+                   stacklevel=3)
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._emit(logging.DEBUG, "debug", event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._emit(logging.INFO, "info", event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._emit(logging.WARNING, "warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, "error", event, fields)
+
+
+def get_logger(layer: Layer) -> Logger:
+    """The logger of ``layer`` (silent until the application configures logging)."""
+    return Logger(layer)

@@ -2,7 +2,7 @@
 
 A script that reads or grants a lease prepends :data:`LEASE_FUNCTIONS` and calls them with the
 session-key prefix (``<lease prefix>:session:``), so every layer reads the lease record the same
-way (see :mod:`leases._lua` for the record's layout).
+way (see :mod:`leases._backends.redis.lua` for the record's layout).
 """
 
 from __future__ import annotations

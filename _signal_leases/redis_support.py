@@ -25,9 +25,9 @@ import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 
-from .aio import require_asyncio
-from .errors import BackendPermanentError, BackendUnavailableError
-from .validation import check_int, check_seconds, check_str
+from _signal_leases.aio import require_asyncio
+from _signal_leases.errors import BackendPermanentError, BackendUnavailableError
+from _signal_leases.validation import check_int, check_seconds, check_str
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -109,7 +109,16 @@ def is_permanent(exc: BaseException) -> bool:
     if isinstance(exc, rex.ConnectionError) and "Invalid Database" in str(exc):
         return True
     # WRONGTYPE, script errors, "DB index is out of range", ...
-    return isinstance(exc, rex.ResponseError) and not isinstance(exc, UNAVAILABLE)
+    return (isinstance(exc, rex.ResponseError) and not isinstance(exc, UNAVAILABLE)
+            and not _topology_changing(exc))
+
+
+def _topology_changing(exc: BaseException) -> bool:
+    """A node answered as a replica (``WAIT`` sent to a master demoted by a failover, before
+    the client saw the new topology): the next attempt reaches the new master."""
+    return isinstance(exc, rex.ResponseError) and (
+        "cannot be used with replica instances" in str(exc) or str(exc).startswith("READONLY")
+    )
 
 
 def _cluster_unreachable(exc: BaseException) -> bool:
@@ -128,7 +137,7 @@ def map_errors(operation: str) -> Iterator[None]:
     except (rex.RedisError, rex.RedisClusterException, OSError) as exc:
         if is_permanent(exc):
             raise BackendPermanentError(f"Redis refused {operation}: {exc}") from exc
-        if isinstance(exc, UNAVAILABLE) or _cluster_unreachable(exc):
+        if isinstance(exc, UNAVAILABLE) or _cluster_unreachable(exc) or _topology_changing(exc):
             raise BackendUnavailableError(f"Redis unavailable during {operation}: {exc}") from exc
         raise
     except (AttributeError, TypeError) as exc:

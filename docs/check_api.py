@@ -43,7 +43,7 @@ def log_events() -> dict[str, list[str]]:
     """``{event name: [files]}`` for every structlog call with a literal namespaced event."""
     found: dict[str, list[str]] = {}
     for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).glob("*.py")):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
             for event in _LOG_CALL.findall(path.read_text()):
                 found.setdefault(event, []).append(str(path.relative_to(ROOT)))
     return found
@@ -67,7 +67,7 @@ def log_table() -> str:
     """Markdown rows: event, logger (package), levels, keyword fields passed at the call sites."""
     rows: dict[str, tuple[set[str], set[str], list[str]]] = {}
     for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).glob("*.py")):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
             text = path.read_text()
             for m in _LOG_CALL_FULL.finditer(text):
                 level, event = m.group(1), m.group(3)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from leases import AcquireResult, InMemoryLeaseProvider, LeaseProvider
 from pubsub import InMemoryPubSub, PubSub
-from signals import Delivery, InMemorySignalInbox, Run, Signal, SignalRuntime
+from signals import Delivery, InMemorySignalStore, Run, Signal, SignalRuntime
 
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -120,7 +120,7 @@ def text_of(signal: Signal) -> str:
 
 
 async def scenario(
-    pubsub: PubSub, leases: TracingLeases, inbox: InMemorySignalInbox | None, backend: str
+    pubsub: PubSub, leases: TracingLeases, inbox: InMemorySignalStore | None, backend: str
 ) -> None:
     names = Names()
     processed: list[Seen] = []
@@ -202,8 +202,8 @@ async def scenario(
     print(f"lease owner now: {names(owner) if owner else 'none (released)'}")
 
 
-def in_memory_parts() -> tuple[PubSub, TracingLeases, InMemorySignalInbox]:
-    return InMemoryPubSub(), TracingLeases(InMemoryLeaseProvider()), InMemorySignalInbox()
+def in_memory_parts() -> tuple[PubSub, TracingLeases, InMemorySignalStore]:
+    return InMemoryPubSub(), TracingLeases(InMemoryLeaseProvider()), InMemorySignalStore()
 
 
 async def main_async(redis_url: str | None) -> None:

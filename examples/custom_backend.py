@@ -217,7 +217,7 @@ class LogBackend(PubSubBase):
 
 
 async def _demo() -> None:
-    from signals import InMemorySignalInbox, Run, SignalRuntime
+    from signals import InMemorySignalStore, Run, SignalRuntime
 
     async def agent(run: Run) -> None:
         async for signal in run:
@@ -228,7 +228,7 @@ async def _demo() -> None:
     print("is a lease provider:", leases.is_lease_provider(backend))
     # The backend is one process's memory, so the inbox is too (a shared backend would offer a
     # shared inbox: the runtime refuses shared leases with a process-local inbox).
-    inbox = InMemorySignalInbox()
+    inbox = InMemorySignalStore()
     async with backend, SignalRuntime(pubsub=backend, agent=agent, inbox=inbox) as runtime:
         assert runtime.leases is backend
         for text in ("hello", "world"):

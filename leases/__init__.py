@@ -20,8 +20,9 @@ from _signal_leases.errors import (
     SignalsError,
     UnsupportedBackendError,
 )
-
-from ._contract import (
+from leases._backends.memory import InMemoryLeaseProvider
+from leases._backends.redis.provider import RedisLeaseProvider
+from leases._contract import (
     AcquireResult,
     BatchRenewer,
     LeaseProvider,
@@ -30,12 +31,10 @@ from ._contract import (
     supports_batch_renewal,
     supports_lease_sessions,
 )
-from ._heartbeat import HeldLease, LeaseHeartbeat, safety_margin_ms
-from ._info import LeaseInfo
-from ._keeper import LeaseKeeper
-from ._memory import InMemoryLeaseProvider
-from ._noop import NoopLeaseProvider, resolve_lease_provider
-from ._redis import RedisLeaseProvider
+from leases._heartbeat import HeldLease, LeaseHeartbeat, safety_margin_ms
+from leases._info import LeaseInfo
+from leases._keeper import LeaseKeeper
+from leases._noop import NoopLeaseProvider, resolve_lease_provider
 
 __all__ = [
     "AcquireResult",

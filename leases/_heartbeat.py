@@ -35,15 +35,13 @@ from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import ClosedError
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import check_int
-
-from ._contract import AcquireResult, supports_batch_renewal, supports_lease_sessions
-from ._held import HeldLease, safety_margin_ms
-from ._validation import check_key, check_owner, check_ttl_ms
+from leases._contract import AcquireResult, supports_batch_renewal, supports_lease_sessions
+from leases._held import HeldLease, LeaseBook, safety_margin_ms
+from leases._validation import check_key, check_owner, check_ttl_ms
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
-
-    from ._contract import LeaseProvider
+    from _signal_leases.logs import Logger
+    from leases._contract import LeaseProvider
 
 __all__ = ["HeldLease", "LeaseHeartbeat", "safety_margin_ms"]
 
@@ -87,14 +85,14 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         self._batch = supports_batch_renewal(provider)
         self._on_lost = on_lost
         self.session: str | None = None
-        self._session_deadline = -math.inf
-        self._held: dict[str, HeldLease] = {}
+        self._book = LeaseBook()
+        self._held = self._book.held
         self._margin_s = safety_margin_ms(ttl_ms) / 1000
         self._retry_s = max(0.001, min(renew_interval_ms, ttl_ms / 10) / 1000)
         self._next_renew = 0.0
         self._wakeup = anyio.Event()
         self._open = False
-        self._log: FilteringBoundLogger = logger.bind()
+        self._log: Logger = logger.bind()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -122,7 +120,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
     @property
     def session_deadline(self) -> float:
         """The local expiry estimate of the session (``-inf`` without one)."""
-        return self._session_deadline
+        return self._book.session_deadline
 
     @property
     def mode(self) -> str:
@@ -183,10 +181,10 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         if session is not None and session != self.session:
             deadline = -math.inf  # a session that was lost meanwhile: the lease is gone
         elif session is not None:
-            deadline = self._session_deadline
+            deadline = self._book.session_deadline
         else:
             deadline = self._deadline_after(sent_at)
-        lease = HeldLease(self, key, owner, token, deadline, in_session=session is not None)
+        lease = HeldLease(self._book, key, owner, token, deadline, in_session=session is not None)
         self._held[key] = lease
         if deadline == -math.inf:
             self._lose(lease, "session expired")
@@ -246,7 +244,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
 
     def _session_lost(self, reason: str) -> None:
         self.session = None
-        self._session_deadline = -math.inf
+        self._book.session_deadline = -math.inf
         for lease in list(self._held.values()):
             self._lose(lease, reason)
 
@@ -257,16 +255,16 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
             self._use_sessions = False
             return
         self.session = session
-        self._session_deadline = self._deadline_after(sent_at)
+        self._book.session_deadline = self._deadline_after(sent_at)
 
     def _earliest_deadline(self) -> float:
         if self.session is not None:
-            return self._session_deadline
+            return self._book.session_deadline
         return min((lease.deadline for lease in self._held.values()), default=math.inf)
 
     def _expire_overdue(self, now: float) -> None:
         if self.session is not None:
-            if now >= self._session_deadline:
+            if now >= self._book.session_deadline:
                 self._session_lost("renew deadline passed")
             return
         for lease in [lease for lease in self._held.values() if now >= lease.deadline]:
@@ -306,7 +304,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
     async def _renew_session(self, session: str) -> bool:
         sent_at = anyio.current_time()
         ok: bool | None = None
-        with anyio.move_on_at(self._session_deadline):
+        with anyio.move_on_at(self._book.session_deadline):
             try:
                 ok = await self.provider.renew_lease_session(  # type: ignore[attr-defined]
                     session, self.ttl_ms
@@ -322,7 +320,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         if not ok:
             self._session_lost("session expired")
             return False
-        self._session_deadline = self._deadline_after(sent_at)
+        self._book.session_deadline = self._deadline_after(sent_at)
         return True
 
     async def _renew_batch(self, leases: list[HeldLease]) -> bool:
@@ -378,7 +376,8 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         return not failed
 
     async def _give_up_all(self) -> None:
-        held, self._held = list(self._held.values()), {}
+        held = list(self._held.values())
+        self._held.clear()
         with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True):
             try:
                 if self.session is not None:

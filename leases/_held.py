@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import anyio
 
-if TYPE_CHECKING:
-    from ._heartbeat import LeaseHeartbeat
-
-__all__ = ["HeldLease", "safety_margin_ms"]
+__all__ = ["HeldLease", "LeaseBook", "safety_margin_ms"]
 
 
 def safety_margin_ms(ttl_ms: int) -> float:
@@ -23,8 +20,19 @@ def safety_margin_ms(ttl_ms: int) -> float:
     return min(2.0 + ttl_ms / 100, ttl_ms / 2)
 
 
+class LeaseBook:
+    """The leases one :class:`~leases.LeaseHeartbeat` holds, by key, and the local deadline
+    of its session (``-inf`` without one): the state a :class:`HeldLease` reads."""
+
+    __slots__ = ("held", "session_deadline")
+
+    def __init__(self) -> None:
+        self.held: dict[str, HeldLease] = {}
+        self.session_deadline = -math.inf
+
+
 class HeldLease:
-    """A lease held through a :class:`LeaseHeartbeat`.
+    """A lease held through a :class:`~leases.LeaseHeartbeat`.
 
     ``token`` is the fencing token of the grant. Guard work with ``with lease.guard():``: the
     body is cancelled when the lease is lost (``lost`` becomes ``True``, ``lost_reason`` says
@@ -33,13 +41,13 @@ class HeldLease:
     """
 
     __slots__ = (
-        "_deadline", "_heartbeat", "_scopes", "in_session", "key", "lost", "lost_reason",
+        "_book", "_deadline", "_scopes", "in_session", "key", "lost", "lost_reason",
         "owner", "token",
     )
 
     def __init__(
         self,
-        heartbeat: LeaseHeartbeat,
+        book: LeaseBook,
         key: str,
         owner: str,
         token: int | None,
@@ -47,7 +55,7 @@ class HeldLease:
         *,
         in_session: bool = False,
     ) -> None:
-        self._heartbeat = heartbeat
+        self._book = book
         self.key = key
         self.owner = owner
         self.token = token
@@ -61,7 +69,7 @@ class HeldLease:
     def deadline(self) -> float:
         """The local expiry estimate (``anyio.current_time()`` scale): the session's, for a
         lease held in a session."""
-        return self._heartbeat.session_deadline if self.in_session else self._deadline
+        return self._book.session_deadline if self.in_session else self._deadline
 
     @deadline.setter
     def deadline(self, value: float) -> None:
@@ -70,7 +78,7 @@ class HeldLease:
     @property
     def held(self) -> bool:
         """Still registered with the heartbeat and not lost."""
-        return not self.lost and self._heartbeat._held.get(self.key) is self
+        return not self.lost and self._book.held.get(self.key) is self
 
     @contextmanager
     def guard(self) -> Iterator[anyio.CancelScope]:

@@ -12,14 +12,12 @@ from anyio import AsyncContextManagerMixin
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import LeaseNotAcquiredError
 from _signal_leases.logs import get_logger
-
-from ._held import safety_margin_ms
-from ._validation import check_key, check_owner, check_ttl_ms
+from leases._held import safety_margin_ms
+from leases._validation import check_key, check_owner, check_ttl_ms
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
-
-    from ._contract import LeaseProvider
+    from _signal_leases.logs import Logger
+    from leases._contract import LeaseProvider
 
 __all__ = ["LeaseKeeper", "safety_margin_ms"]
 
@@ -81,7 +79,7 @@ class LeaseKeeper(AsyncContextManagerMixin):
         self.lost_reason: str | None = None
         self._margin_s = safety_margin_ms(ttl_ms) / 1000
         self._retry_s = max(0.001, min(renew_interval_ms, ttl_ms / 10) / 1000)
-        self._log: FilteringBoundLogger = logger.bind(key=key, owner=owner)
+        self._log: Logger = logger.bind(key=key, owner=owner)
         self._scope: anyio.CancelScope | None = None
         self._entered = False
         self._body_active = False

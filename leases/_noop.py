@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ._contract import AcquireResult, LeaseProvider, is_lease_provider
-from ._validation import check_key, check_owner, check_ttl_ms
+from leases._contract import AcquireResult, LeaseProvider, is_lease_provider
+from leases._validation import check_key, check_owner, check_ttl_ms
 
 __all__ = ["NoopLeaseProvider", "resolve_lease_provider"]
 

@@ -16,9 +16,10 @@ from _signal_leases.errors import (
     SignalsError,
     UnsupportedBackendError,
 )
-
-from ._base import PubSubBase
-from ._contract import (
+from pubsub._backends.memory import InMemoryPubSub
+from pubsub._backends.redis.streams import RedisStreamsPubSub
+from pubsub._base import PubSubBase
+from pubsub._contract import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
     Event,
     EventHandler,
@@ -28,9 +29,6 @@ from ._contract import (
     Subscription,
     is_pubsub,
 )
-from ._errors import PubSubClosedError
-from ._memory import InMemoryPubSub
-from ._redis_streams import RedisStreamsPubSub
 
 __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
@@ -44,7 +42,6 @@ __all__ = [
     "JSONValue",
     "PubSub",
     "PubSubBase",
-    "PubSubClosedError",
     "PubSubError",
     "RedisStreamsPubSub",
     "SignalsError",

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, ClassVar, Self, TypeVar, cast
 import anyio
 from anyio import AsyncContextManagerMixin
 
+from _signal_leases.errors import ClosedError
 from _signal_leases.validation import check_choice, check_identifier, check_int, check_str
-
-from ._contract import (
+from pubsub._contract import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
     START_FROM,
     Event,
@@ -27,7 +27,6 @@ from ._contract import (
     StartFrom,
     Subscription,
 )
-from ._errors import PubSubClosedError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -66,7 +65,7 @@ class PubSubBase(AsyncContextManagerMixin, metaclass=ABCMeta):
     that the backend is open, and calls :meth:`backend_publish`. :meth:`subscribe` checks
     ``topic``, ``handler`` (callable), ``group`` (``None`` or an identifier, not starting with
     :attr:`reserved_group_prefix`) and ``start_from``, then calls :meth:`backend_subscribe`.
-    ``TypeError`` for a wrong type, ``ValueError`` for a wrong value, ``PubSubClosedError``
+    ``TypeError`` for a wrong type, ``ValueError`` for a wrong value, ``ClosedError``
     before ``async with`` or after :meth:`close`.
 
     Lifecycle: ``async with backend:`` enters :meth:`backend_lifespan`, then opens the task
@@ -109,7 +108,7 @@ class PubSubBase(AsyncContextManagerMixin, metaclass=ABCMeta):
     async def __asynccontextmanager__(self) -> AsyncIterator[Self]:
         name = type(self).__name__
         if self._entered or self._closed:
-            raise PubSubClosedError(f"a {name} can be entered once")
+            raise ClosedError(f"a {name} can be entered once")
         self._entered = True
         try:
             async with self.backend_lifespan(), owned_task_group() as tg:
@@ -142,9 +141,9 @@ class PubSubBase(AsyncContextManagerMixin, metaclass=ABCMeta):
     def _check_open(self, *, publishing: bool = False) -> None:
         name = type(self).__name__
         if self._closed:
-            raise PubSubClosedError(f"this {name} is closed")
+            raise ClosedError(f"this {name} is closed")
         if self._task_group is None and not (publishing and self.publish_before_entering):
-            raise PubSubClosedError(f"enter the {name} first: `async with {name}(...)`")
+            raise ClosedError(f"enter the {name} first: `async with {name}(...)`")
 
     # -- the contract ----------------------------------------------------------------------
 

@@ -136,7 +136,7 @@ class PubSub(Protocol):
     * ``start_from="earliest"`` replays what the backend retains; ``"latest"`` sees only events
       published after ``subscribe`` returned. An existing group keeps its position.
     * Backends are used as ``async with backend:``; the context owns their background tasks.
-      Using one before entering it or after :meth:`close` raises ``PubSubClosedError``.
+      Using one before entering it or after :meth:`close` raises ``ClosedError``.
 
     Structural: implement these methods (or inherit :class:`~pubsub.PubSubBase`, which
     validates the arguments and runs the lifecycle for you); no registration is needed.

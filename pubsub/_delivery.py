@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
     from _signal_leases.aio import WakeQueue
-
-    from ._contract import Event, EventHandler
+    from pubsub._contract import Event, EventHandler
 
 __all__ = ["LoopSubscription", "deliver_with_retries"]
 

@@ -45,8 +45,8 @@ import anyio.lowlevel
 import pytest
 import structlog.testing
 
-from ._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, PubSub, is_pubsub
-from ._errors import PubSubClosedError
+from _signal_leases.errors import ClosedError
+from pubsub._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, PubSub, is_pubsub
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -404,9 +404,9 @@ class PubSubConformance:
     async def test_closed_pubsub_refuses_use(self, pubsub: PubSub) -> None:
         await pubsub.close()
         await pubsub.close()  # idempotent
-        with pytest.raises(PubSubClosedError):
+        with pytest.raises(ClosedError):
             await pubsub.subscribe(self.name(), Recorder())
-        with pytest.raises(PubSubClosedError):
+        with pytest.raises(ClosedError):
             await pubsub.publish(self.name(), Event("conformance"))
 
     async def test_close_stops_every_subscription(self, pubsub: PubSub) -> None:

@@ -20,10 +20,10 @@ from _signal_leases.errors import (
     UnknownSignalError,
     UnsupportedBackendError,
 )
-
-from . import _pubsub_guard  # noqa: F401  (a clear ImportError if `pubsub` is not ours)
-from ._memory_store import InMemorySignalStore
-from ._model import (
+from signals import _pubsub_guard  # noqa: F401  (a clear ImportError if `pubsub` is not ours)
+from signals._backends.memory.store import InMemorySignalStore
+from signals._backends.redis.store import RedisSignalStore
+from signals._model import (
     DEFAULT_MAX_SIGNAL_BYTES,
     Delivery,
     EntryMode,
@@ -36,11 +36,10 @@ from ._model import (
     StreamPart,
     ThreadInfo,
 )
-from ._redis_store import RedisSignalStore
-from ._resolve import resolve_signal_store
-from ._run import Run, RunInfo
-from ._runtime import Agent, SignalRuntime
-from ._store import (
+from signals._resolve import resolve_signal_store
+from signals._run import Run, RunInfo
+from signals._runtime import Agent, SignalRuntime
+from signals._store import (
     Accepted,
     Ack,
     Claim,
@@ -56,14 +55,6 @@ from ._store import (
     SignalStore,
     is_signal_store,
 )
-
-#: The earlier names of the store, kept for code written against them.
-SignalInbox = SignalStore
-InMemorySignalInbox = InMemorySignalStore
-RedisSignalInbox = RedisSignalStore
-RuntimeClosedError = ClosedError
-is_signal_inbox = is_signal_store
-resolve_signal_inbox = resolve_signal_store
 
 __all__ = [
     "DEFAULT_MAX_SIGNAL_BYTES",
@@ -84,7 +75,6 @@ __all__ = [
     "FusedSignalStore",
     "IfActive",
     "IfIdle",
-    "InMemorySignalInbox",
     "InMemorySignalStore",
     "InboxEntry",
     "InboxPage",
@@ -93,16 +83,13 @@ __all__ = [
     "PartIn",
     "Receipt",
     "ReceiptStatus",
-    "RedisSignalInbox",
     "RedisSignalStore",
     "Routed",
     "Run",
     "RunInfo",
-    "RuntimeClosedError",
     "RuntimeInfo",
     "Signal",
     "SignalError",
-    "SignalInbox",
     "SignalRuntime",
     "SignalStore",
     "SignalTooLargeError",
@@ -111,8 +98,6 @@ __all__ = [
     "ThreadInfo",
     "UnknownSignalError",
     "UnsupportedBackendError",
-    "is_signal_inbox",
     "is_signal_store",
-    "resolve_signal_inbox",
     "resolve_signal_store",
 ]

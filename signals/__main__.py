@@ -1,6 +1,6 @@
-"""``python -m signals``: see :mod:`signals._cli`."""
+"""``python -m signals``: the same as the ``signals`` command (see :mod:`signals.cli`)."""
 
-from ._cli import main
+from signals.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -17,26 +17,23 @@ import anyio
 
 from _signal_leases.aio import retry_unavailable
 from _signal_leases.logs import get_logger
-
-from ._run import Doorbell, Run, RunInfo
-from ._store import PartIn
+from signals._run import Doorbell, Run, RunInfo
+from signals._store import PartIn
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from structlog.typing import FilteringBoundLogger
-
+    from _signal_leases.logs import Logger
     from leases import HeldLease
-
-    from ._routing import Backend
-    from ._store import InboxEntry
+    from signals._routing import Backend
+    from signals._store import InboxEntry
 
 __all__ = ["Chain", "ChainSettings", "RunEnd"]
 
 logger = get_logger("signals")
 
 RunEnd: TypeAlias = Literal["finished", "failed", "cancelled"]
-_LOGGED_IDS = 20  # signal ids listed in a run's end line (the count is always there)
+_LOGGED_IDS = 3  # signal ids listed in a run's end line (the count is always there)
 
 
 class ChainSettings:
@@ -51,7 +48,7 @@ class ChainSettings:
         max_attempts: int,
         max_bytes: int,
         run_timeout_s: float | None,
-        log: FilteringBoundLogger,
+        log: Logger,
     ) -> None:
         self.agent = agent
         self.backend = backend
@@ -75,6 +72,8 @@ class Chain:
         self.run: Run | None = None
         self._cancel_reason: str | None = None
         self._interrupted = False  # the previous run ended by an interrupt
+        # (run id, entry id): delivered by a notice to a run that had not started or had ended
+        self._carried: list[tuple[str, str]] = []
 
     @property
     def run_id(self) -> str:
@@ -86,10 +85,12 @@ class Chain:
     def offer(self, entry: InboxEntry, run_id: str | None) -> None:
         """A notice carried ``entry``, delivered to ``run_id``: hand it to that run, or ring."""
         run = self.run
-        if run is not None and run.run_id == run_id and run_id == self.run_id:
+        if run is not None and not run.ended and run.run_id == run_id == self.run_id:
             run.offer(entry)
-        else:
-            self.doorbell.ring()
+            return
+        if run_id is not None and entry.delivered > 0:
+            self._carried.append((run_id, entry.entry_id))  # see _settle_carried
+        self.doorbell.ring()
 
     def cancel_run(self, reason: str, run_id: str | None = None) -> bool:
         """Cancel the current run (only if it is ``run_id``, when given); the chain goes on."""
@@ -120,6 +121,7 @@ class Chain:
             self._log().error("run.chain_failed", error=repr(exc))
             await self._give_up()
         finally:
+            await self._settle_carried(None)
             on_end(self)
 
     async def _finish(self) -> HeldLease | None:
@@ -145,7 +147,7 @@ class Chain:
             except Exception as exc:
                 self._log().warning("lease.release_failed", error=repr(exc))
 
-    def _log(self) -> FilteringBoundLogger:
+    def _log(self) -> Logger:
         return self.settings.log.bind(
             key=self.thread_key, run_id=self.run_id, owner=self.run_id, token=self.lease.token
         )
@@ -172,6 +174,7 @@ class Chain:
             on_dead_letter=self._dead_lettered, on_fenced=self._fenced,
         )
         run.interrupted = interrupted
+        await self._settle_carried(run)
         log = self._log()
         log.info("run.started", runs=self.runs, interrupted=interrupted)
         end: RunEnd = "finished"
@@ -194,6 +197,7 @@ class Chain:
             f"lost lease ({lease.lost_reason})" if lease.lost
             else self._cancel_reason or ("timeout" if end == "cancelled" else None)
         )
+        await self._give_back(run)
         ids = [sig.id for sig in run.handed]
         fields = {"signals": len(ids), "signal_ids": ids[:_LOGGED_IDS]}
         if end == "failed":
@@ -220,6 +224,39 @@ class Chain:
                 await self.settings.backend.store.emit(self.thread_key, [part])
             except Exception as exc:
                 self._log().warning("signals.part_failed", kind=kind, error=repr(exc))
+
+    async def _give_back(self, run: Run) -> None:
+        """Uncount what the run received and never handed out (bounded, best effort: at worst
+        those signals keep one attempt too many)."""
+        run.ended = True  # from now on, what a notice carries to it is settled by the chain
+        if self.lease.lost:
+            return
+        with anyio.move_on_after(1, shield=True):
+            try:
+                await run.give_back()
+            except Exception as exc:
+                self._log().debug("signals.give_back_failed", error=repr(exc))
+
+    async def _settle_carried(self, run: Run | None) -> None:
+        """Entries a notice delivered to a run of this chain outside that run's life: those
+        for ``run`` (about to start) count for it; the rest were never handed out, so their
+        hand-out is taken back."""
+        carried, self._carried = self._carried, []
+        if run is not None:
+            run.note_charged(e for rid, e in carried if rid == run.run_id)
+        others: dict[str, list[str]] = {}
+        for rid, entry_id in carried:
+            if run is None or rid != run.run_id:
+                others.setdefault(rid, []).append(entry_id)
+        undeliver = getattr(self.settings.backend.store, "undeliver", None)
+        if not others or not callable(undeliver):
+            return
+        with anyio.move_on_after(1, shield=True):
+            try:
+                for rid, ids in others.items():
+                    await undeliver(self.thread_key, rid, ids)
+            except Exception as exc:
+                self._log().debug("signals.give_back_failed", error=repr(exc))
 
     async def _note_failure(self, run: Run, error: str) -> None:
         unacked = [sig.id for sig in run.unacked]

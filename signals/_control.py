@@ -13,17 +13,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from _signal_leases.validation import check_identifier, check_int, check_str
-
-from ._model import Signal, ThreadInfo
-from ._store import DeadLetter, Notice, run_runtime
+from signals._model import Signal, ThreadInfo
+from signals._store import DeadLetter, Notice, run_runtime
 
 if TYPE_CHECKING:
     from leases import LeaseProvider
-
-    from ._chain import Chain
-    from ._model import Receipt
-    from ._routing import Backend
-    from ._store import SignalStore
+    from signals._chain import Chain
+    from signals._model import Receipt
+    from signals._routing import Backend
+    from signals._store import SignalStore
 
 __all__ = ["ControlMixin"]
 

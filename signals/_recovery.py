@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
-
     from _signal_leases.aio import WakeQueue
-
-    from ._chain import Chain
-    from ._routing import Backend
-    from ._store import RuntimeInfo, SignalStore
+    from _signal_leases.logs import Logger
+    from signals._chain import Chain
+    from signals._routing import Backend
+    from signals._store import RuntimeInfo, SignalStore
 
 __all__ = ["RECOVER_BATCH", "RecoveryMixin"]
 
@@ -41,7 +39,7 @@ class RecoveryMixin:
     _work: WakeQueue[str | None]
     _backend: Backend | None
     _closed: bool
-    _log: FilteringBoundLogger
+    _log: Logger
 
     def _full(self) -> bool:
         raise NotImplementedError

@@ -14,8 +14,7 @@ from leases import (
     is_lease_provider,
     resolve_lease_provider,
 )
-
-from ._store import SignalStore, is_signal_store
+from signals._store import SignalStore, is_signal_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -99,7 +98,7 @@ def resolve_signal_store(pubsub: object, leases: LeaseProvider) -> SignalStore:
         return pubsub  # type: ignore[return-value]
     client = getattr(pubsub, "redis_client", None)
     if client is not None:
-        from ._redis_store import RedisSignalStore
+        from signals._backends.redis.store import RedisSignalStore
 
         prefix = getattr(pubsub, "key_prefix", "pubsub")
         own = getattr(pubsub, "get_lease_provider", lambda: None)()
@@ -109,7 +108,7 @@ def resolve_signal_store(pubsub: object, leases: LeaseProvider) -> SignalStore:
             lambda: RedisSignalStore(client=client, key_prefix=f"{prefix}:signals", leases=fused),
         )
     if isinstance(leases, NoopLeaseProvider | InMemoryLeaseProvider):
-        from ._memory_store import InMemorySignalStore
+        from signals._backends.memory.store import InMemorySignalStore
 
         memory = leases if isinstance(leases, InMemoryLeaseProvider) else None
         return _shared(

@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ._store import Claim, Notice, Routed, run_runtime
+from signals._store import Claim, Notice, Routed, run_runtime
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from leases import HeldLease, LeaseHeartbeat, LeaseProvider
-
-    from ._model import EntryMode, Signal
-    from ._store import FusedSignalStore, SignalStore
+    from signals._model import EntryMode, Signal
+    from signals._store import FusedSignalStore, SignalStore
 
 __all__ = ["Backend"]
 

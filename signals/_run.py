@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -12,12 +12,11 @@ import anyio.lowlevel
 
 from _signal_leases.aio import retry_unavailable
 from _signal_leases.validation import check_str
-
-from ._model import Signal, encode_json
-from ._store import Ack, PartIn
+from signals._model import Signal, encode_json
+from signals._store import Ack, PartIn
 
 if TYPE_CHECKING:
-    from ._store import InboxEntry, SignalStore
+    from signals._store import InboxEntry, SignalStore
 
 __all__ = ["Doorbell", "Run", "RunInfo"]
 
@@ -128,6 +127,7 @@ class Run:
         self.thread_key = thread_key
         self.token = token
         self.interrupted = False
+        self.ended = False  # set by the chain once the agent returned or failed
         self._store = store
         self._doorbell = doorbell
         self._idle_wait_s = idle_wait_s
@@ -143,6 +143,8 @@ class Run:
         self._more = True  # the inbox may hold entries this run has not read yet
         self._reading = False
         self.handed: list[Signal] = []
+        self._charged: dict[str, None] = {}  # entries the store counted a hand-out to us for
+        self._handed_entries: set[str] = set()
 
     @property
     def consumed(self) -> int:
@@ -199,6 +201,7 @@ class Run:
                         self._on_dead_letter(entry)
                     continue
                 signal = entry.signal.evolve(attempt=attempt)
+                self._handed_entries.add(entry.entry_id)
                 self._unacked[signal.id] = replace(entry, signal=signal, attempts=attempt)
                 self.handed.append(signal)
                 return signal
@@ -212,6 +215,8 @@ class Run:
         into the buffer when it is surely the next one (the run has read the whole inbox, no
         read is due or under way, and it is newer than everything seen); otherwise a read is
         due. Notices of one thread arrive in inbox order, so this never reorders signals."""
+        if entry.delivered > 0:
+            self._charged[entry.entry_id] = None
         last = self._buffer[-1].entry_id if self._buffer else self._cursor
         if (
             self._reading or self._more or self._stopped or self._doorbell.rung
@@ -223,6 +228,19 @@ class Run:
         self._buffer.append(entry)
         self._doorbell.wake()
         return True
+
+    def note_charged(self, entry_ids: Iterable[str]) -> None:
+        """The store counted a hand-out of these entries to this run (see :meth:`give_back`)."""
+        self._charged.update(dict.fromkeys(entry_ids))
+
+    async def give_back(self) -> None:
+        """At the end of the run: take back the hand-outs the store counted for entries this
+        run received (read ahead, or carried by a notice) but never handed to its agent, so a
+        signal's attempts count only the runs that gave it to the agent."""
+        ids = [e for e in self._charged if e not in self._handed_entries]
+        undeliver = getattr(self._store, "undeliver", None)
+        if ids and callable(undeliver):
+            await undeliver(self.thread_key, self.run_id, ids)
 
     async def prime(self) -> Signal | None:
         """Hand out the first pending signal before the agent starts (the one that woke the
@@ -254,6 +272,7 @@ class Run:
         finally:
             self._reading = False
         self._more = bool(getattr(page, "more", True))
+        self.note_charged(e.entry_id for e in page if e.delivered > 0)
         self._buffer.extend(page)
 
     async def emit(
@@ -302,6 +321,8 @@ class Run:
         )
         if ok and self._buffer and self._buffer[0] is nxt:
             self._buffer[0] = replace(nxt, delivered=delivered if delivered else _GONE)
+            if delivered > 0:
+                self._charged[nxt.entry_id] = None
         return bool(ok)
 
     async def ack_all(self) -> None:

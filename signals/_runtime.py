@@ -32,10 +32,9 @@ from _signal_leases.validation import (
     check_optional_int,
 )
 from leases import LeaseHeartbeat, LeaseProvider
-
-from ._chain import Chain, ChainSettings
-from ._control import ControlMixin
-from ._model import (
+from signals._chain import Chain, ChainSettings
+from signals._control import ControlMixin
+from signals._model import (
     DEFAULT_MAX_SIGNAL_BYTES,
     Delivery,
     EntryMode,
@@ -45,17 +44,23 @@ from ._model import (
     Signal,
     check_max_bytes,
 )
-from ._recovery import RecoveryMixin
-from ._resolve import check_agent, check_pubsub, check_store, resolve_leases, resolve_signal_store
-from ._routing import Backend
-from ._run import Run, RunInfo
-from ._store import InboxEntry, Notice, RuntimeInfo, SignalStore, run_runtime
-from ._streams import StreamsMixin
+from signals._recovery import RecoveryMixin
+from signals._resolve import (
+    check_agent,
+    check_pubsub,
+    check_store,
+    resolve_leases,
+    resolve_signal_store,
+)
+from signals._routing import Backend
+from signals._run import Run, RunInfo
+from signals._store import InboxEntry, Notice, RuntimeInfo, SignalStore, run_runtime
+from signals._streams import StreamsMixin
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
-    from structlog.typing import FilteringBoundLogger
 
+    from _signal_leases.logs import Logger
     from pubsub import PubSub
 
 __all__ = ["Agent", "SignalRuntime"]
@@ -140,7 +145,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self.inbox: SignalStore = (
             check_store(inbox) if inbox is not None else resolve_signal_store(pubsub, self.leases)
         )
-        self._log: FilteringBoundLogger = logger.bind(runtime_id=self.runtime_id)
+        self._log: Logger = logger.bind(runtime_id=self.runtime_id)
         self._chains: dict[str, Chain] = {}
         self._starting: set[str] = set()
         self._lost: set[str] = set()  # threads whose lease was lost, to index by recovery

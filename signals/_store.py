@@ -28,7 +28,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
-from ._model import EntryMode, Receipt, Signal, StreamPart
+from signals._model import EntryMode, Receipt, Signal, StreamPart
 
 if TYPE_CHECKING:
     from leases import LeaseProvider

@@ -15,13 +15,12 @@ import anyio
 
 from _signal_leases.errors import UnknownSignalError
 from _signal_leases.validation import check_identifier, check_seconds
-
-from ._model import Receipt, StreamPart
+from signals._model import Receipt, StreamPart
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
 
-    from ._store import Follower, SignalStore
+    from signals._store import Follower, SignalStore
 
 __all__ = ["StreamsMixin"]
 

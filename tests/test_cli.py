@@ -19,7 +19,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from leases import RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
 from signals import EntryMode, PartIn, RedisSignalStore, Run, Signal, SignalRuntime
-from signals._cli import Prefixes, _redact, main
+from signals.cli._main import Prefixes, _redact, main
 from tests._cli import ROOT, cli
 from tests._redis_server import RedisServer, free_port
 
@@ -183,11 +183,12 @@ def test_redact_hides_the_password() -> None:
 
 def test_console_script_is_declared() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'signals-inspect = "signals._cli:main"' in pyproject
+    assert 'signals = "signals.cli:main"' in pyproject
+    assert "signals-inspect" not in pyproject  # one command, named like the module
 
 
 def test_console_script_runs() -> None:
-    script = Path(sys.executable).parent / "signals-inspect"
+    script = Path(sys.executable).parent / "signals"
     if not script.exists():
         pytest.skip("the package is not installed with its console script")
     url = f"redis://127.0.0.1:{free_port()}/0"
@@ -196,7 +197,7 @@ def test_console_script_runs() -> None:
     )
     assert result.returncode == 2 and "cannot reach Redis" in result.stderr, result
     usage = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
-    assert usage.returncode == 0 and usage.stdout.startswith("usage: signals-inspect"), usage
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: signals "), usage
 
 
 async def test_receipt_and_dead_letters(

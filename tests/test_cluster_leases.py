@@ -4,6 +4,7 @@ heartbeat holding 2,000 leases."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -227,8 +228,24 @@ async def test_a_connection_closed_under_redis_py_is_unavailable() -> None:
     """redis-py raises AttributeError when another task closed the connection it writes to (a
     Cluster client rebuilding its topology in a failover): that maps to unavailable."""
     connection = redis.asyncio.Connection()  # never connected: its writer is None
-    with pytest.raises(BackendUnavailableError, match="closed while in use"), \
+    # redis-py 8.1 raised AttributeError here, 8.2 a ConnectionError: unavailable either way.
+    with pytest.raises(BackendUnavailableError, match="unavailable during a write"), \
             map_errors("a write"):
         await connection._send_packed_command([b"PING"])
+    # An AttributeError raised in redis-py's own frames (as 8.1 did) is an outage too ...
+    in_redis_py = compile("None.writelines", f"{os.path.dirname(redis.__file__)}/x.py", "exec")
+    with pytest.raises(BackendUnavailableError, match="closed while in use"), \
+            map_errors("a write"):
+        exec(in_redis_py)
+    # ... and one raised in the caller's own code is its bug, passed on unchanged.
     with pytest.raises(AttributeError), map_errors("our own bug"):
         None.missing  # type: ignore[attr-defined]  # noqa: B018 - not raised inside redis-py
+
+
+def test_a_node_answering_as_a_replica_is_unavailable() -> None:
+    """Mid-failover, a WAIT (or a write) can reach the demoted master before the client sees
+    the new topology: retrying reaches the new master, so it is unavailable, not permanent."""
+    for message in ("WAIT cannot be used with replica instances. Please also note ...",
+                    "READONLY You can't write against a read only replica."):
+        with pytest.raises(BackendUnavailableError), map_errors("x"):
+            raise rex.ResponseError(message)

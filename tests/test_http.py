@@ -25,8 +25,8 @@ from starlette.requests import Request
 
 from pubsub import RedisStreamsPubSub
 from signals import PartIn, RedisSignalStore, Run, SignalRuntime
-from signals._http_auth import is_loopback_host, is_loopback_ip
 from signals.http import Action, SignalsApp, create_app
+from signals.http._auth import is_loopback_host, is_loopback_ip
 from tests._redis_server import RedisServer
 
 # -- the fake agent ------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from leases import InMemoryLeaseProvider, LeaseInfo, is_lease_provider
-from leases._memory import LeaseTable
+from leases._backends.memory import LeaseTable
 from leases.testing import ManualClock
 
 pytestmark = [pytest.mark.anyio, pytest.mark.mock_clock]

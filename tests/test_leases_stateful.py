@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from leases import InMemoryLeaseProvider, RedisLeaseProvider
-from leases._memory import LeaseTable
+from leases._backends.memory import LeaseTable
 from leases.testing import ManualClock
 from tests._lease_model import LeaseModel, Op
 

@@ -14,11 +14,11 @@ import structlog.testing
 import leases
 from pubsub import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    ClosedError,
     Event,
     EventHandler,
     InMemoryPubSub,
     PubSub,
-    PubSubClosedError,
     is_pubsub,
 )
 from pubsub.testing import Recorder
@@ -49,9 +49,9 @@ def test_constructor_validates() -> None:
 
 async def test_use_before_entering_is_refused_clearly() -> None:
     ps = InMemoryPubSub()
-    with pytest.raises(PubSubClosedError, match="async with"):
+    with pytest.raises(ClosedError, match="async with"):
         await ps.publish("t", Event("e"))
-    with pytest.raises(PubSubClosedError, match="async with"):
+    with pytest.raises(ClosedError, match="async with"):
         await ps.subscribe("t", Recorder())
 
 
@@ -59,13 +59,13 @@ async def test_entered_once_and_closed_after_exit() -> None:
     ps = InMemoryPubSub()
     async with ps:
         # anyio.AsyncContextManagerMixin refuses a nested entry itself, with a RuntimeError
-        # (PubSubClosedError is one too).
+        # (ClosedError is one too).
         with pytest.raises(RuntimeError, match="entered"):
             async with ps:
                 pass
-    with pytest.raises(PubSubClosedError, match="closed"):
+    with pytest.raises(ClosedError, match="closed"):
         await ps.publish("t", Event("e"))
-    with pytest.raises(PubSubClosedError, match="entered once"):
+    with pytest.raises(ClosedError, match="entered once"):
         async with ps:
             pass
 
@@ -196,9 +196,9 @@ def test_constructor_rejects_bad_types() -> None:
 async def test_use_after_close_is_refused() -> None:
     async with InMemoryPubSub() as ps:
         await ps.close()
-        with pytest.raises(PubSubClosedError, match="closed"):
+        with pytest.raises(ClosedError, match="closed"):
             await ps.publish("t", Event("e"))
-        with pytest.raises(PubSubClosedError, match="closed"):
+        with pytest.raises(ClosedError, match="closed"):
             await ps.subscribe("t", Recorder())
 
 

@@ -21,9 +21,9 @@ import leases
 from pubsub import (
     BackendPermanentError,
     BackendUnavailableError,
+    ClosedError,
     Event,
     PubSub,
-    PubSubClosedError,
     RedisStreamsPubSub,
     is_pubsub,
 )
@@ -507,7 +507,7 @@ async def test_errors_are_clear(redis_url: str, key_prefix: str) -> None:
         leases.RedisLeaseProvider(url=redis_url, cluster="yes")  # type: ignore[arg-type]
     assert leases.RedisLeaseProvider(url=redis_url, wait_replicas=1).wait_replicas == 1
     ps = RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix)
-    with pytest.raises(PubSubClosedError, match="async with"):
+    with pytest.raises(ClosedError, match="async with"):
         await ps.subscribe("t", Recorder())
     async with ps:
         with pytest.raises(ValueError, match="reserved"):

@@ -19,12 +19,13 @@ import pytest
 
 from pubsub import RedisStreamsPubSub
 from signals._model import Receipt
-from signals._soak_fleet import Exit, Fleet, KillEvent
-from signals._soak_proxy import Route
-from signals._soak_record import FenceStore, Recorder, read_fence_logs
-from signals._soak_run import Facts
-from signals._soak_verify import verify
-from signals.soak import FactoryContext, parse_options
+from signals.soak import FactoryContext
+from signals.soak._main import parse_options
+from signals.soak.fleet import Exit, Fleet, KillEvent
+from signals.soak.proxy import Route
+from signals.soak.record import FenceStore, Recorder, read_fence_logs
+from signals.soak.run import Facts
+from signals.soak.verify import verify
 from tests._redis_server import redis_server_binary
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -155,7 +155,10 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    intro, _, details = (__doc__ or "").replace("``", "").partition("\n\n")
+    parser = argparse.ArgumentParser(
+        description=intro, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--redis-url", default=None,
                         help="Redis to use (default: start a local redis-server)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")

@@ -1,0 +1,1 @@
+"""The backends of the lease layer: ``memory`` (one process) and ``redis``."""

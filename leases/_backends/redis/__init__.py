@@ -1,0 +1,1 @@
+"""``RedisLeaseProvider``: ``provider`` (the calls) and ``lua`` (its scripts)."""

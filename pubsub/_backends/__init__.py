@@ -1,0 +1,1 @@
+"""The backends of the pub/sub layer: ``memory`` (one process) and ``redis`` (Redis Streams)."""

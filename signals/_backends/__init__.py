@@ -1,0 +1,1 @@
+"""The backends of the signal layer, one folder each: ``memory`` and ``redis``."""

@@ -1,0 +1,116 @@
+"""Output streams in memory: ``emit``, ``stream_read`` and the follower (a base of
+``InMemorySignalStore``). Cursors are decimal strings of one counter per store; retention is
+by count and age, and the newest trimmed cursor is remembered per thread, so an expired
+cursor raises :class:`~signals.CursorExpiredError` instead of skipping parts silently."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.lowlevel
+
+from _signal_leases.errors import CursorExpiredError
+from signals._model import StreamPart
+from signals._store import PartIn
+
+__all__ = ["MemoryOutput"]
+
+
+@dataclass(slots=True)
+class _Output:
+    parts: deque[tuple[int, float, StreamPart]] = field(default_factory=deque)  # (n, at, part)
+    trimmed: int = 0  # the newest cursor number removed by retention
+    waiters: list[tuple[int, anyio.Event]] = field(default_factory=list)
+
+
+class MemoryOutput:
+    """See the module docstring."""
+
+    _clock: Callable[[], float]
+    stream_max_parts: int
+    stream_retention_ms: int
+
+    def __init__(self) -> None:
+        self._outputs: dict[str, _Output] = {}
+        self._part_seq = 0
+
+    def _output(self, thread_key: str) -> _Output:
+        out = self._outputs.get(thread_key)
+        if out is None:
+            out = self._outputs[thread_key] = _Output()
+        return out
+
+    def _trim(self, out: _Output, now: float) -> None:
+        horizon = now - self.stream_retention_ms / 1000
+        while out.parts and (len(out.parts) > self.stream_max_parts or out.parts[0][1] <= horizon):
+            out.trimmed = out.parts.popleft()[0]
+
+    def _append(self, thread_key: str, part: PartIn) -> str:
+        now = self._clock()
+        out = self._output(thread_key)
+        self._part_seq += 1
+        cursor = str(self._part_seq)
+        data = json.loads(part.data) if part.data else None
+        stored = StreamPart(cursor, thread_key, part.run_id or None, part.kind, data,
+                            part.signal_id, time.time())
+        out.parts.append((self._part_seq, now, stored))
+        self._trim(out, now)
+        for _, event in out.waiters:
+            event.set()
+        return cursor
+
+    async def emit(self, thread_key: str, parts: Sequence[PartIn]) -> list[str]:
+        await anyio.lowlevel.checkpoint()
+        return [self._append(thread_key, p) for p in parts]
+
+    def _read(self, thread_key: str, after: str | None, limit: int) -> list[StreamPart]:
+        out = self._outputs.get(thread_key)
+        if out is None:
+            return []
+        self._trim(out, self._clock())
+        start = int(after) if after is not None else 0
+        if after is not None and start < out.trimmed:
+            raise CursorExpiredError(
+                f"cursor {after!r} of thread {thread_key!r} is older than the stream retains; "
+                f"read again from after=None"
+            )
+        return [p for n, _, p in out.parts if n > start][:limit]
+
+    async def stream_read(
+        self, thread_key: str, *, after: str | None = None, limit: int = 100
+    ) -> list[StreamPart]:
+        await anyio.lowlevel.checkpoint()
+        return self._read(thread_key, after, limit)
+
+    async def stream_tail(self, thread_key: str) -> str | None:
+        await anyio.lowlevel.checkpoint()
+        out = self._outputs.get(thread_key)
+        return str(out.parts[-1][0]) if out is not None and out.parts else None
+
+    @asynccontextmanager
+    async def follower(self) -> AsyncIterator[MemoryOutput]:
+        """In memory the store is its own follower (no connection, no task)."""
+        yield self
+
+    async def wait(self, thread_key: str, after: str | None) -> list[StreamPart]:
+        """Wait until the thread's stream has parts after ``after``; return them."""
+        while True:
+            try:
+                parts = self._read(thread_key, after, 100)
+            except CursorExpiredError:
+                return []  # the reader's next stream_read raises it
+            if parts:
+                return parts
+            out = self._output(thread_key)
+            waiter = (0, anyio.Event())
+            out.waiters.append(waiter)
+            try:
+                await waiter[1].wait()
+            finally:
+                out.waiters.remove(waiter)

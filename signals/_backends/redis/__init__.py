@@ -1,0 +1,6 @@
+"""The Redis signal store.
+
+``store`` (the inbox calls), ``lua`` (its scripts), ``presence`` (pending index, registry,
+notices), ``dead`` (dead letters), ``output`` (streams and the follower), ``parts`` (stream
+parts and their waiters) and ``cluster_follower`` (the follower on a Cluster).
+"""

@@ -1,0 +1,412 @@
+"""The ``signals`` command (the same as ``python -m signals``): see and control threads.
+
+Commands::
+
+    threads [--active | --idle] [--limit N]
+        Every thread of the deployment (cluster-wide): those owned by a live runtime and
+        those with pending signals. Columns: thread, owner run, runtime, host, pid, since,
+        pending, last activity. --active: owned only; --idle: not owned only.
+    inspect THREAD_KEY [--limit N]
+        Lease of the thread (owner, TTL left, fencing token) and its first N queued signals.
+    pending THREAD_KEY
+        Signals accepted and not yet acknowledged, in order: id, type, mode, attempt
+        (deliveries so far; 0 for one no run has taken yet).
+    cancel THREAD_KEY ID [ID ...]
+        Withdraw queued signals no run has taken yet; prints the ids withdrawn.
+    abort THREAD_KEY [--run RUN] [--clear] [--reason TEXT]
+        Cancel the active run (only RUN, if given); it ends at its next checkpoint with a
+        run.cancelled part. --clear also withdraws every pending signal of the thread.
+    tail THREAD_KEY [--after CURSOR] [--no-follow]
+        The thread's output stream from the oldest part retained (or after CURSOR), one line
+        per part: "cursor kind run signal data" (data as JSON). Follows new parts live until
+        Ctrl-C (SIGINT), through Redis outages too (warnings on stderr); --no-follow stops
+        at the current end.
+    receipt THREAD_KEY SIGNAL_ID
+        What became of one signal: status, run id, error, result.
+    dead-letters THREAD_KEY [--retry ID [ID ...] | --purge]
+        Signals that failed max_attempts deliveries; --retry puts those back into the inbox
+        and wakes the workers, --purge deletes all of them.
+
+Options of every command: --redis-url URL (default: $REDIS_URL); --cluster when that URL is
+a seed node of a Redis Cluster; --key-prefix P, the key_prefix of the RedisStreamsPubSub the
+runtime runs on (default "pubsub": leases under P:lease, store under P:signals);
+--lease-prefix / --inbox-prefix override those two when you built a RedisLeaseProvider /
+RedisSignalStore yourself; --json prints JSON instead of text (tail: one JSON object per
+line).
+
+Exit codes::
+
+    0    ok (an empty listing too; tail stopped by Ctrl-C / SIGINT)
+    1    usage error: bad arguments, no Redis URL, a malformed URL
+    2    Redis unreachable: connection refused or lost, timeout (one line on stderr)
+    3    nothing found or nothing to act on: no such receipt, cancel withdrew none of the
+         ids, abort found no such active run, tail's cursor is older than the stream retains
+    4    Redis refused the request: wrong password, missing ACL permission, wrong database
+         (one line on stderr)
+    130  interrupted by Ctrl-C (every command but tail)
+"""
+
+# Over 400 lines on purpose: the command-line reference (the docstring above, also the epilog
+# of --help) and one small handler per command; the text formatting lives in _format.
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+import anyio
+
+import signals.cli._format as fmt
+from _signal_leases.errors import BackendPermanentError, BackendUnavailableError, CursorExpiredError
+from _signal_leases.validation import check_identifier, check_str
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from anyio import CancelScope
+    from anyio.abc import TaskStatus
+
+    from signals._runtime import SignalRuntime
+
+__all__ = ["DEFAULT_KEY_PREFIX", "Prefixes", "build_parser", "main"]
+
+DEFAULT_KEY_PREFIX = "pubsub"
+"""The default ``key_prefix`` of ``RedisStreamsPubSub``."""
+
+EXIT_OK = 0
+EXIT_USAGE = 1
+EXIT_UNAVAILABLE = 2
+EXIT_NOT_FOUND = 3
+EXIT_REFUSED = 4
+EXIT_INTERRUPTED = 130
+
+_CURSOR = re.compile(r"\d+(-\d+)?")
+_redact = fmt.redact
+
+
+@dataclass(frozen=True, slots=True)
+class Prefixes:
+    """Where the runtime's leases and inbox live for one pub/sub ``key_prefix``."""
+
+    lease: str
+    inbox: str
+
+    @classmethod
+    def for_pubsub(
+        cls, key_prefix: str, *, lease: str | None = None, inbox: str | None = None
+    ) -> Prefixes:
+        return cls(lease=lease or f"{key_prefix}:lease", inbox=inbox or f"{key_prefix}:signals")
+
+
+def _say(args: argparse.Namespace, out: TextIO, data: Any, text: str) -> None:
+    print(json.dumps(data) if args.json else text, file=out)
+
+
+def _complain(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+# -- the commands (each returns its exit code) ------------------------------------------------
+
+
+async def _threads(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    active = True if args.active else False if args.idle else None
+    found = (await rt.threads(active=active))[: args.limit]
+    _say(args, out, fmt.threads_json(found), fmt.threads_text(found, active))
+    return EXIT_OK
+
+
+async def _inspect(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    key = args.thread_key
+    lease_info = getattr(rt.leases, "lease_info", None)  # not part of the LeaseProvider API
+    if callable(lease_info):
+        info = await lease_info(key)
+        lease = None if info is None else {
+            "owner": info.owner, "ttl_ms": info.ttl_ms_remaining, "token": info.token
+        }
+    else:
+        owner = await rt.leases.get_lease_owner(key)
+        lease = None if owner is None else {"owner": owner, "ttl_ms": None, "token": None}
+    count = await rt.inbox.pending_count(key)
+    entries = await rt.inbox.read(key, limit=args.limit, max_bytes=1 << 30) if args.limit else []
+    report = {
+        "thread_key": key,
+        "lease": lease,
+        "pending_count": count,
+        "signals": [
+            {"entry_id": e.entry_id, "id": e.signal.id, "type": e.signal.type, "mode": e.mode,
+             "attempts": e.attempts, "created_at": e.signal.created_at}
+            for e in entries
+        ],
+    }
+    _say(args, out, report, fmt.inspect_text(report))
+    return EXIT_OK
+
+
+async def _pending(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    signals = await rt.pending(args.thread_key)
+    _say(args, out, fmt.pending_json(args.thread_key, signals),
+         fmt.pending_text(args.thread_key, signals))
+    return EXIT_OK
+
+
+async def _cancel(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    wanted = list(dict.fromkeys(args.signal_ids))
+    withdrawn = await rt.cancel(args.thread_key, wanted)
+    missed = [s for s in wanted if s not in withdrawn]
+    report = {"thread_key": args.thread_key, "cancelled": withdrawn, "not_cancelled": missed}
+    if args.json or withdrawn:
+        _say(args, out, report, "\n".join(withdrawn))
+    if missed:
+        _complain(f"not cancelled (unknown, held by a run, or already done): {' '.join(missed)}")
+    return EXIT_OK if withdrawn else EXIT_NOT_FOUND
+
+
+async def _abort(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    key, run = args.thread_key, args.run
+    aborted = await rt.abort(key, run, clear_pending=args.clear, reason=args.reason)
+    which = f"run {run}" if run else "the active run"
+    report = {"thread_key": key, "run_id": run, "aborted": aborted,
+              "clear_pending": args.clear, "reason": args.reason}
+    if args.json or aborted:
+        cleared = "; its pending signals were withdrawn" if args.clear else ""
+        _say(args, out, report,
+             f"aborted {which} of {key!r} (it stops at its next checkpoint){cleared}")
+    if not aborted:
+        _complain(f"no active run to abort on {key!r}" + (f" (not {run})" if run else ""))
+    return EXIT_OK if aborted else EXIT_NOT_FOUND
+
+
+async def _tail(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    line = fmt.part_json if args.json else fmt.part_text
+    async with anyio.create_task_group() as tg:
+        await tg.start(_stop_on_sigint, tg.cancel_scope)
+        async for part in rt.stream(args.thread_key, after=args.after, follow=not args.no_follow):
+            print(line(part), file=out, flush=True)
+        tg.cancel_scope.cancel()
+    return EXIT_OK
+
+
+async def _stop_on_sigint(
+    scope: CancelScope, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Cancel ``scope`` on SIGINT (where signal handlers cannot be installed, Ctrl-C raises
+    ``KeyboardInterrupt`` instead, which ``main`` turns into the same quiet exit)."""
+    try:
+        with anyio.open_signal_receiver(signal.SIGINT) as received:
+            task_status.started()
+            async for _ in received:
+                scope.cancel()
+                return
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, Windows
+        task_status.started()
+        await anyio.sleep_forever()
+
+
+async def _receipt(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    receipt = await rt.receipt(args.thread_key, args.signal_id)
+    if receipt is None:
+        _complain(f"no receipt for {args.signal_id!r} on {args.thread_key!r}")
+        return EXIT_NOT_FOUND
+    found = fmt.receipt_json(receipt)
+    _say(args, out, found, fmt.receipt_text(found))
+    return EXIT_OK
+
+
+async def _dead_letters(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    key = args.thread_key
+    retried = await rt.retry_dead_letters(key, args.retry) if args.retry else []
+    purged = await rt.purge_dead_letters(key) if args.purge else 0
+    report = fmt.dead_letters_json(key, await rt.dead_letters(key, limit=1000), retried, purged)
+    _say(args, out, report, fmt.dead_letters_text(report))
+    return EXIT_OK
+
+
+_Command = Callable[["SignalRuntime", argparse.Namespace, TextIO], Awaitable[int]]
+_COMMANDS: dict[str, _Command] = {
+    "threads": _threads, "inspect": _inspect, "pending": _pending, "cancel": _cancel,
+    "abort": _abort, "tail": _tail, "receipt": _receipt, "dead-letters": _dead_letters,
+}
+
+
+async def _session(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one command on a sender-only runtime over ``RedisStreamsPubSub``."""
+    from leases import RedisLeaseProvider
+    from pubsub import RedisStreamsPubSub
+    from signals._backends.redis.store import RedisSignalStore
+    from signals._runtime import SignalRuntime
+
+    try:
+        pubsub = RedisStreamsPubSub(url=args.redis_url, key_prefix=args.key_prefix,
+                                    cluster=args.cluster)
+    except ValueError as exc:  # a malformed URL; the cause, without the URL (and password)
+        reason = fmt.scrub(str(exc.__context__ or exc), args.redis_url)
+        _complain(f"error: invalid Redis URL {_redact(args.redis_url)}: {reason}")
+        return EXIT_USAGE
+    leases: RedisLeaseProvider | None = None
+    inbox: RedisSignalStore | None = None
+    if args.lease_prefix or args.inbox_prefix:
+        where = Prefixes.for_pubsub(
+            args.key_prefix, lease=args.lease_prefix, inbox=args.inbox_prefix
+        )
+        leases = RedisLeaseProvider(client=pubsub.redis_client, key_prefix=where.lease)
+        inbox = RedisSignalStore(client=pubsub.redis_client, key_prefix=where.inbox,
+                                 leases=leases)
+    async with pubsub, SignalRuntime(
+        pubsub=pubsub, agent=None, leases=leases, inbox=inbox
+    ) as runtime:
+        return await _COMMANDS[args.command](runtime, args, out)
+
+
+# -- arguments --------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 1, so that exit code 2 always means "Redis unreachable"."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m signals``."""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    details = (__doc__ or "").partition("\n\n")[2]
+    parser = _Parser(
+        prog="signals" if script == "signals" else "python -m signals",
+        description="See and control signal-runtime threads on Redis.",
+        epilog=details.replace("::\n", ":\n").replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = _Parser(add_help=False)
+    common.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
+                        help="Redis URL, e.g. redis://127.0.0.1:6379/0 (default: $REDIS_URL)")
+    common.add_argument("--cluster", action="store_true",
+                        help="--redis-url is a seed node of a Redis Cluster")
+    common.add_argument("--key-prefix", default=DEFAULT_KEY_PREFIX,
+                        help="key_prefix of the RedisStreamsPubSub (default: %(default)s)")
+    common.add_argument("--lease-prefix", default=None,
+                        help="lease key prefix (default: <key-prefix>:lease)")
+    common.add_argument("--inbox-prefix", default=None,
+                        help="inbox key prefix (default: <key-prefix>:signals)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_Parser)
+
+    def command(name: str, text: str, *, key: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=text, description=text)
+        if key:
+            p.add_argument("thread_key", metavar="THREAD_KEY")
+        return p
+
+    p = command("threads", "every thread of the deployment: owner, pending, activity", key=False)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--active", action="store_true", help="only threads with an owner")
+    which.add_argument("--idle", action="store_true", help="only threads without an owner")
+    p.add_argument("--limit", type=int, default=100, help="list at most N threads (default: 100)")
+    p = command("inspect", "lease and queued signals of one thread")
+    p.add_argument("--limit", type=int, default=10,
+                   help="show the first N queued signals (default: 10)")
+    command("pending", "signals of one thread accepted and not yet acknowledged")
+    p = command("cancel", "withdraw queued signals no run has taken yet")
+    p.add_argument("signal_ids", nargs="+", metavar="ID")
+    p = command("abort", "cancel the active run of one thread")
+    p.add_argument("--run", default=None, help="abort only this run id")
+    p.add_argument("--clear", action="store_true", help="also withdraw every pending signal")
+    p.add_argument("--reason", default=None, metavar="TEXT",
+                   help="the run reports 'abort: TEXT'")
+    p = command("tail", "print the output stream of one thread, following it live")
+    p.add_argument("--after", default=None, metavar="CURSOR", help="start after this cursor")
+    p.add_argument("--no-follow", action="store_true", help="stop at the current end")
+    p = command("receipt", "what became of one signal")
+    p.add_argument("signal_id", metavar="SIGNAL_ID")
+    p = command("dead-letters", "signals that failed max_attempts deliveries")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--retry", nargs="+", default=[], metavar="ID",
+                        help="put these dead letters back into the inbox")
+    action.add_argument("--purge", action="store_true", help="delete every dead letter")
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    """``ValueError`` for an argument the runtime would refuse (before connecting)."""
+    if not args.redis_url:
+        raise ValueError("--redis-url is required (or set $REDIS_URL)")
+    if getattr(args, "thread_key", None) is not None:
+        check_identifier("THREAD_KEY", args.thread_key)
+    for name in ("signal_id", "run"):
+        if getattr(args, name, None) is not None:
+            check_identifier(name.upper().replace("_", " "), getattr(args, name))
+    for sid in [*getattr(args, "signal_ids", []), *getattr(args, "retry", [])]:
+        check_identifier("signal id", sid)
+    if getattr(args, "reason", None) is not None:
+        check_str("--reason", args.reason)
+    if getattr(args, "after", None) is not None and not _CURSOR.fullmatch(args.after):
+        raise ValueError(f"--after {args.after!r} is not a stream cursor (like 1700000000000-0)")
+    if getattr(args, "limit", 0) < 0:
+        raise ValueError("--limit must be >= 0")
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``signals`` and ``python -m signals``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        _check(args)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    try:
+        with fmt.logs_to_stderr():
+            code: int = anyio.run(_session, args, sys.stdout, backend="asyncio")
+    except BaseException as exc:
+        found = _failure(exc, _redact(args.redis_url), tail=args.command == "tail")
+        if found is None:
+            raise
+        code, message = found
+        if message:
+            _complain(" ".join(message.split()))  # one line
+    return code
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` itself, or every exception inside an exception group."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _failure(exc: BaseException, url: str, *, tail: bool) -> tuple[int, str] | None:
+    """The exit code and the stderr line for an expected failure, else ``None``."""
+    import redis.exceptions as rex
+
+    from _signal_leases.redis_support import is_permanent
+
+    leaves = list(_leaves(exc))
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+        return (EXIT_OK if tail else EXIT_INTERRUPTED), ""
+    for e in leaves:
+        if isinstance(e, BrokenPipeError):  # the reader went away (`... | head`): stop quietly
+            fmt.silence_stdout()
+            return EXIT_OK, ""
+        if isinstance(e, CursorExpiredError):
+            return EXIT_NOT_FOUND, f"error: {e}"
+        if isinstance(e, BackendPermanentError) or (
+            isinstance(e, rex.RedisError) and is_permanent(e)
+        ):
+            return EXIT_REFUSED, f"error: Redis at {url} refused the request: {e}"
+        if isinstance(e, BackendUnavailableError | rex.ConnectionError | rex.TimeoutError):
+            return EXIT_UNAVAILABLE, f"error: cannot reach Redis at {url}: {e}"
+    return None
