@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from typing import Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
+from anyio.lowlevel import RunVar
 
 from _signal_leases.errors import BackendUnavailableError, UnsupportedBackendError
 
@@ -20,9 +22,25 @@ __all__ = [
     "owned_task_group",
     "require_asyncio",
     "retry_unavailable",
+    "unix_now",
 ]
 
 T = TypeVar("T")
+
+
+_UNIX_BASE: RunVar[float] = RunVar("signals_unix_base")
+
+
+def unix_now() -> float:
+    """Unix time in seconds that moves with the event loop's clock: ``time.time()`` on a real
+    clock (but monotonic), virtual time under a mock clock (trio's ``MockClock``), so time-based
+    rules can be tested without waiting. Inside a running event loop only."""
+    try:
+        base = _UNIX_BASE.get()
+    except LookupError:
+        base = time.time() - anyio.current_time()
+        _UNIX_BASE.set(base)
+    return base + anyio.current_time()
 
 
 def current_async_library() -> str | None:

@@ -108,7 +108,7 @@ async def threads_part(url: str, k: int, ttl_ms: int, hold_s: float) -> dict[str
         connections = await stats.clients() - 1
         rate, cpu = await stats.window(hold_s)
         active = len(runtime.active_threads())
-        heartbeat = runtime._backend.heartbeat if runtime._backend else None
+        heartbeat = runtime._kit.heartbeat if runtime._kit else None
         mode = heartbeat.mode if heartbeat else "-"
         release.set()
     await stats.client.aclose()

@@ -38,7 +38,8 @@ import structlog
 
 from bench._server import redis_url
 from pubsub import RedisStreamsPubSub
-from signals import PartIn, RedisSignalStore, Run, Signal, SignalRuntime
+from signals import RedisSignalStore, Run, Signal, SignalRuntime
+from signals.kit import PartIn
 
 Bench = Callable[[int], Awaitable[list[float]]]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 API_MD = ROOT / "docs" / "api.md"
 PACKAGES = ("leases", "pubsub", "signals")
-TESTING_MODULES = ("leases.testing", "pubsub.testing", "signals.testing")
+TESTING_MODULES = ("leases.testing", "pubsub.testing", "signals.testing", "signals.kit")
 _LOG_CALL = re.compile(
     r"\.(?:debug|info|warning|warn|error|exception|critical|msg)\(\s*\"([a-z][a-z0-9_]*\.[a-z0-9_.]+)\""
 )

@@ -4,10 +4,10 @@ The contract is :class:`LeaseProvider` (five async methods), detected structural
 :func:`is_lease_provider`; optional capabilities are lease sessions
 (:class:`LeaseSessionProvider`) and batched renewal (:class:`BatchRenewer`). Backends:
 :class:`NoopLeaseProvider` (fallback), :class:`InMemoryLeaseProvider`,
-:class:`RedisLeaseProvider`. :class:`LeaseKeeper` holds one lease and cancels the guarded work
-when it is lost; :class:`LeaseHeartbeat` does the same for any number of leases of one process
-with one renewal per interval. The errors are the library's one tree (``_signal_leases.errors``),
-re-exported here.
+:class:`RedisLeaseProvider`, :class:`SQLiteLeaseProvider`. :class:`LeaseKeeper` holds one lease
+and cancels the guarded work when it is lost; :class:`LeaseHeartbeat` does the same for any
+number of leases of one process with one renewal per interval. The errors are the library's one
+tree (``_signal_leases.errors``), re-exported here.
 """
 
 from _signal_leases.errors import (
@@ -22,6 +22,8 @@ from _signal_leases.errors import (
 )
 from leases._backends.memory import InMemoryLeaseProvider
 from leases._backends.redis.provider import RedisLeaseProvider
+from leases._backends.sql import SQLLeaseProvider
+from leases._backends.sqlite import SQLiteLeaseProvider
 from leases._contract import (
     AcquireResult,
     BatchRenewer,
@@ -54,6 +56,8 @@ __all__ = [
     "LeaseSessionProvider",
     "NoopLeaseProvider",
     "RedisLeaseProvider",
+    "SQLLeaseProvider",
+    "SQLiteLeaseProvider",
     "SignalsError",
     "UnsupportedBackendError",
     "is_lease_provider",

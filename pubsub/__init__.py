@@ -18,6 +18,7 @@ from _signal_leases.errors import (
 )
 from pubsub._backends.memory import InMemoryPubSub
 from pubsub._backends.redis.streams import RedisStreamsPubSub
+from pubsub._backends.sqlite import SQLitePubSub
 from pubsub._base import PubSubBase
 from pubsub._contract import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
@@ -29,6 +30,7 @@ from pubsub._contract import (
     Subscription,
     is_pubsub,
 )
+from pubsub._leased import LeasedPubSub
 
 __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
@@ -40,10 +42,12 @@ __all__ = [
     "EventHandler",
     "InMemoryPubSub",
     "JSONValue",
+    "LeasedPubSub",
     "PubSub",
     "PubSubBase",
     "PubSubError",
     "RedisStreamsPubSub",
+    "SQLitePubSub",
     "SignalsError",
     "StartFrom",
     "Subscription",

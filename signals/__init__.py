@@ -2,10 +2,13 @@
 
 :class:`SignalRuntime` routes each :class:`Signal` for a thread key: it wakes an idle thread
 (this process wins the thread's lease and runs your agent) or delivers it to the active
-:class:`Run`, here or in the owner process. Accepted signals wait in a :class:`SignalStore`
-(:class:`InMemorySignalStore`, or the durable :class:`RedisSignalStore`) until a run
-acknowledges them; each has a :class:`Receipt`.
+:class:`Run`, here or in the owner process. Accepted signals wait in a core
+(:class:`SignalCore`: :class:`InMemorySignalStore`, the durable :class:`RedisSignalStore`,
+SQLite, Postgres, or your own through :mod:`signals.kit`) until a run acknowledges them; each
+has a :class:`Receipt`.
 """
+
+from typing import TYPE_CHECKING
 
 from _signal_leases.errors import (
     BackendError,
@@ -22,13 +25,14 @@ from _signal_leases.errors import (
 )
 from signals import _pubsub_guard  # noqa: F401  (a clear ImportError if `pubsub` is not ours)
 from signals._backends.memory.store import InMemorySignalStore
-from signals._backends.redis.store import RedisSignalStore
 from signals._model import (
     DEFAULT_MAX_SIGNAL_BYTES,
+    MAX_PRIORITY,
     Delivery,
     EntryMode,
     IfActive,
     IfIdle,
+    Merge,
     Outcome,
     Receipt,
     ReceiptStatus,
@@ -36,68 +40,57 @@ from signals._model import (
     StreamPart,
     ThreadInfo,
 )
-from signals._resolve import resolve_signal_store
-from signals._run import Run, RunInfo
+from signals._run import Reducer, Run, RunInfo
 from signals._runtime import Agent, SignalRuntime
-from signals._store import (
-    Accepted,
-    Ack,
-    Claim,
-    DeadLetter,
-    Follower,
-    FusedSignalStore,
-    InboxEntry,
-    InboxPage,
-    Notice,
-    PartIn,
-    Routed,
-    RuntimeInfo,
-    SignalStore,
-    is_signal_store,
-)
+from signals.kit._core import DeadLetter, Overflow, SignalCore, is_signal_core
+
+if TYPE_CHECKING:
+    from signals._backends.redis.store import RedisSignalStore
 
 __all__ = [
     "DEFAULT_MAX_SIGNAL_BYTES",
-    "Accepted",
-    "Ack",
+    "MAX_PRIORITY",
     "Agent",
     "BackendError",
     "BackendPermanentError",
     "BackendUnavailableError",
-    "Claim",
     "ClosedError",
     "ConfigurationError",
     "CursorExpiredError",
     "DeadLetter",
     "Delivery",
     "EntryMode",
-    "Follower",
-    "FusedSignalStore",
     "IfActive",
     "IfIdle",
     "InMemorySignalStore",
-    "InboxEntry",
-    "InboxPage",
-    "Notice",
+    "Merge",
     "Outcome",
-    "PartIn",
+    "Overflow",
     "Receipt",
     "ReceiptStatus",
     "RedisSignalStore",
-    "Routed",
+    "Reducer",
     "Run",
     "RunInfo",
-    "RuntimeInfo",
     "Signal",
+    "SignalCore",
     "SignalError",
     "SignalRuntime",
-    "SignalStore",
     "SignalTooLargeError",
     "SignalsError",
     "StreamPart",
     "ThreadInfo",
     "UnknownSignalError",
     "UnsupportedBackendError",
-    "is_signal_store",
-    "resolve_signal_store",
+    "is_signal_core",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The backends that need a driver are imported on first use (a sender that never touches
+    them does not pay for their import)."""
+    if name == "RedisSignalStore":
+        from signals._backends.redis.store import RedisSignalStore
+
+        return RedisSignalStore
+    raise AttributeError(f"module 'signals' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """The runs of one thread in this process, one after another, under one lease.
 
 A chain is the only task a thread costs while it is active: it runs the agent inline, then
-either releases the thread (inbox empty) or hands the lease to the next run with
+either releases the thread (no work ready) or hands the lease to the next run with
 ``transfer_lease`` (the key is never free in between). Its run waits for input on a
 :class:`~signals._run.Doorbell`, rung by local senders and by the process's one notice
 listener: no polling, no subscription, no timer of its own.
@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import anyio
 
 from _signal_leases.aio import retry_unavailable
 from _signal_leases.logs import get_logger
-from signals._run import Doorbell, Run, RunInfo
-from signals._store import PartIn
+from signals._run import Doorbell, Reducer, Run, RunInfo
+from signals.kit._capabilities import PartIn
+from signals.kit._core import RunRef
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from _signal_leases.logs import Logger
     from leases import HeldLease
-    from signals._routing import Backend
-    from signals._store import InboxEntry
+    from signals.kit._core import InboxEntry
+    from signals.kit._store import KitStore
 
 __all__ = ["Chain", "ChainSettings", "RunEnd"]
 
@@ -43,19 +45,21 @@ class ChainSettings:
         self,
         *,
         agent: Callable[[Run], Awaitable[None]],
-        backend: Backend,
+        store: KitStore,
         idle_wait_s: float,
         max_attempts: int,
         max_bytes: int,
         run_timeout_s: float | None,
+        reducers: Mapping[str, Reducer],
         log: Logger,
     ) -> None:
         self.agent = agent
-        self.backend = backend
+        self.store = store
         self.idle_wait_s = idle_wait_s
         self.max_attempts = max_attempts
         self.max_bytes = max_bytes
         self.run_timeout_s = run_timeout_s
+        self.reducers = reducers
         self.log = log
 
 
@@ -72,7 +76,8 @@ class Chain:
         self.run: Run | None = None
         self._cancel_reason: str | None = None
         self._interrupted = False  # the previous run ended by an interrupt
-        # (run id, entry id): delivered by a notice to a run that had not started or had ended
+        # (run id, signal id): carried by a notice to a run that had not started or had ended;
+        # see _settle_carried
         self._carried: list[tuple[str, str]] = []
 
     @property
@@ -83,14 +88,19 @@ class Chain:
         return RunInfo(self.run_id, self.thread_key, self.lease.token, self.started_at, self.runs)
 
     def offer(self, entry: InboxEntry, run_id: str | None) -> None:
-        """A notice carried ``entry``, delivered to ``run_id``: hand it to that run, or ring."""
+        """A notice carried ``entry`` to ``run_id``: hand it to that run, or ring."""
         run = self.run
         if run is not None and not run.ended and run.run_id == run_id == self.run_id:
             run.offer(entry)
             return
-        if run_id is not None and entry.delivered > 0:
-            self._carried.append((run_id, entry.entry_id))  # see _settle_carried
+        if run_id is not None:
+            self._carried.append((run_id, entry.signal.id))
         self.doorbell.ring()
+
+    def pause(self) -> None:
+        """The thread was paused: the current run hands out nothing more."""
+        if self.run is not None:
+            self.run.pause()
 
     def cancel_run(self, reason: str, run_id: str | None = None) -> bool:
         """Cancel the current run (only if it is ``run_id``, when given); the chain goes on."""
@@ -104,10 +114,10 @@ class Chain:
         """Run the agent until the thread is released or its lease lost."""
         try:
             while True:
-                end = await self._one_run()
+                end, more = await self._one_run()
                 if self._lost() or self._cancel_reason == "shutdown":
                     return
-                next_lease = await self._finish()
+                next_lease = await self._finish(more)
                 if next_lease is None:
                     if self._lost():
                         self._log().warning("lease.lost", reason=self.lease.lost_reason)
@@ -124,12 +134,14 @@ class Chain:
             await self._settle_carried(None)
             on_end(self)
 
-    async def _finish(self) -> HeldLease | None:
-        """``backend.finish``, retried through outages while the lease holds."""
+    async def _finish(self, more: bool) -> HeldLease | None:
+        """``store.finish``, retried through outages while the lease holds."""
         lease = self.lease
         result: HeldLease | None = None  # stays None if the lease is lost while retrying
         with lease.guard():
-            result = await retry_unavailable(lambda: self.settings.backend.finish(lease))
+            result = await retry_unavailable(
+                lambda: self.settings.store.finish(lease, more=more)
+            )
         return result
 
     def _lost(self) -> bool:
@@ -138,7 +150,7 @@ class Chain:
     async def _give_up(self) -> None:
         """Release the thread after an unexpected error, so another run (here after recovery,
         or elsewhere) can go on with its inbox; the signals stay there."""
-        heartbeat = self.settings.backend.heartbeat
+        heartbeat = self.settings.store.heartbeat
         if heartbeat is None or self.lease.lost:
             return
         with anyio.move_on_after(2, shield=True):
@@ -153,15 +165,15 @@ class Chain:
         )
 
     def _fenced(self) -> None:
-        heartbeat = self.settings.backend.heartbeat
+        heartbeat = self.settings.store.heartbeat
         if heartbeat is not None:
             heartbeat.lose(self.lease, "taken over by another run")
 
-    def _dead_lettered(self, entry: InboxEntry) -> None:
-        self._log().warning("signal.dead_lettered", signal_id=entry.signal.id,
+    def _dead_lettered(self, signal_id: str) -> None:
+        self._log().warning("signal.dead_lettered", signal_id=signal_id,
                             attempts=self.settings.max_attempts)
 
-    async def _one_run(self) -> RunEnd:
+    async def _one_run(self) -> tuple[RunEnd, bool]:
         s = self.settings
         lease = self.lease
         self.runs += 1
@@ -169,8 +181,8 @@ class Chain:
         self._cancel_reason = None
         run = self.run = Run(
             run_id=lease.owner, thread_key=self.thread_key, token=lease.token,
-            store=s.backend.store, doorbell=self.doorbell, idle_wait_s=s.idle_wait_s,
-            max_attempts=s.max_attempts, max_bytes=s.max_bytes,
+            store=s.store, doorbell=self.doorbell, idle_wait_s=s.idle_wait_s,
+            max_attempts=s.max_attempts, max_bytes=s.max_bytes, reducers=s.reducers,
             on_dead_letter=self._dead_lettered, on_fenced=self._fenced,
         )
         run.interrupted = interrupted
@@ -191,29 +203,71 @@ class Chain:
                 await run.ack_all()
             except Exception as exc:
                 end, error, exc_type = "failed", f"{type(exc).__name__}: {exc}", type(exc).__name__
+        run.ended = True  # from now on, what a notice carries to it is settled by the chain
         if scope.cancelled_caught or (scope.cancel_called and end == "finished" and run.unacked):
             end = "cancelled"
         reason = (
             f"lost lease ({lease.lost_reason})" if lease.lost
             else self._cancel_reason or ("timeout" if end == "cancelled" else None)
         )
-        await self._give_back(run)
+        more = run.more
+        if end == "finished":
+            await self._settle(run, None)
         ids = [sig.id for sig in run.handed]
         fields = {"signals": len(ids), "signal_ids": ids[:_LOGGED_IDS]}
         if end == "failed":
             log.error("run.failed", error=error, unacked=len(run.unacked), **fields)
-            await self._note_failure(run, error or "")
+            await self._settle(run, error or "")
             message = (error or "").partition(": ")[2]
             await self._part(run, "run.failed", {"error_type": exc_type, "message": message})
         elif end == "cancelled":
             self._interrupted = reason == "interrupt"
             log.warning("run.cancelled", reason=reason, unacked=len(run.unacked), **fields)
-            await self._note_failure(run, f"cancelled: {reason}")
+            await self._settle(run, f"cancelled: {reason}")
             await self._part(run, "run.cancelled", {"reason": reason})
         else:
             log.info("run.finished", **fields)
             await self._part(run, "run.finished", {"signals": len(ids)})
-        return end
+        return end, more or end != "finished"
+
+    async def _settle(self, run: Run, error: str | None) -> None:
+        """What the run leaves: the signals it handed out and did not acknowledge (a failed
+        or cancelled run: ``error``), and those it took but never handed out (their attempt
+        is given back). Bounded and best effort: a run that lost its lease writes nothing."""
+        failed = run.failed_ids() if error is not None else []
+        returned = run.unhanded()
+        run.forget()
+        if self.lease.lost or not (failed or returned):
+            return
+        with anyio.move_on_after(1, shield=True):
+            try:
+                await self.settings.store.settle(
+                    self.thread_key, RunRef(run.run_id, run.token), failed=failed,
+                    returned=returned, error=error,
+                )
+            except Exception as exc:
+                self._log().debug("signals.settle_failed", error=repr(exc))
+
+    async def _settle_carried(self, run: Run | None) -> None:
+        """Entries a notice carried to a run of this chain outside that run's life: those
+        for ``run`` (about to start) are its own; the rest were never handed out, so the
+        chain's current run gives their attempt back."""
+        carried, self._carried = self._carried, []
+        others: list[str] = []
+        for rid, sid in carried:
+            if run is not None and rid == run.run_id:
+                run.note_carried(sid)
+            else:
+                others.append(sid)
+        if not others or self.lease.lost:
+            return
+        with anyio.move_on_after(1, shield=True):
+            try:
+                await self.settings.store.settle(
+                    self.thread_key, RunRef(self.lease.owner, self.lease.token), returned=others
+                )
+            except Exception as exc:
+                self._log().debug("signals.settle_failed", error=repr(exc))
 
     async def _part(self, run: Run, kind: str, data: dict[str, Any]) -> None:
         """Write a lifecycle part (best effort, bounded: a lifecycle part never holds up a
@@ -221,49 +275,6 @@ class Chain:
         part = PartIn(kind, run.run_id, None, json.dumps(data, separators=(",", ":")))
         with anyio.move_on_after(1, shield=True):
             try:
-                await self.settings.backend.store.emit(self.thread_key, [part])
+                await self.settings.store.emit(self.thread_key, [part])
             except Exception as exc:
                 self._log().warning("signals.part_failed", kind=kind, error=repr(exc))
-
-    async def _give_back(self, run: Run) -> None:
-        """Uncount what the run received and never handed out (bounded, best effort: at worst
-        those signals keep one attempt too many)."""
-        run.ended = True  # from now on, what a notice carries to it is settled by the chain
-        if self.lease.lost:
-            return
-        with anyio.move_on_after(1, shield=True):
-            try:
-                await run.give_back()
-            except Exception as exc:
-                self._log().debug("signals.give_back_failed", error=repr(exc))
-
-    async def _settle_carried(self, run: Run | None) -> None:
-        """Entries a notice delivered to a run of this chain outside that run's life: those
-        for ``run`` (about to start) count for it; the rest were never handed out, so their
-        hand-out is taken back."""
-        carried, self._carried = self._carried, []
-        if run is not None:
-            run.note_charged(e for rid, e in carried if rid == run.run_id)
-        others: dict[str, list[str]] = {}
-        for rid, entry_id in carried:
-            if run is None or rid != run.run_id:
-                others.setdefault(rid, []).append(entry_id)
-        undeliver = getattr(self.settings.backend.store, "undeliver", None)
-        if not others or not callable(undeliver):
-            return
-        with anyio.move_on_after(1, shield=True):
-            try:
-                for rid, ids in others.items():
-                    await undeliver(self.thread_key, rid, ids)
-            except Exception as exc:
-                self._log().debug("signals.give_back_failed", error=repr(exc))
-
-    async def _note_failure(self, run: Run, error: str) -> None:
-        unacked = [sig.id for sig in run.unacked]
-        if not unacked or self.lease.lost:
-            return
-        with anyio.move_on_after(1, shield=True):
-            try:
-                await self.settings.backend.store.note_failure(self.thread_key, unacked, error)
-            except Exception as exc:
-                self._log().debug("signals.note_failure_failed", error=repr(exc))

@@ -7,6 +7,7 @@ because it goes to the shared store, not to the owner's memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,14 +15,15 @@ import anyio
 
 from _signal_leases.validation import check_identifier, check_int, check_str
 from signals._model import Signal, ThreadInfo
-from signals._store import DeadLetter, Notice, run_runtime
+from signals.kit._capabilities import Notice, RuntimeInfo
+from signals.kit._core import DeadLetter, run_runtime
 
 if TYPE_CHECKING:
     from leases import LeaseProvider
     from signals._chain import Chain
     from signals._model import Receipt
-    from signals._routing import Backend
-    from signals._store import SignalStore
+    from signals.kit._core import SignalCore
+    from signals.kit._store import KitStore
 
 __all__ = ["ControlMixin"]
 
@@ -29,18 +31,23 @@ __all__ = ["ControlMixin"]
 class ControlMixin:
     """Control and inspection (see :class:`~signals.SignalRuntime`)."""
 
-    inbox: SignalStore
+    store: SignalCore
     leases: LeaseProvider
     _chains: dict[str, Chain]
-    _backend: Backend | None
 
     def _require_open(self) -> Any:
         raise NotImplementedError
 
-    def _control(self) -> Backend:
-        self._require_open()
-        assert self._backend is not None
-        return self._backend
+    def _kit_open(self) -> KitStore:
+        raise NotImplementedError
+
+    async def _runtime_info(self, kit: KitStore, runtime_id: str) -> RuntimeInfo | None:
+        lookup = getattr(kit.registry, "lookup", None)
+        if lookup is not None:
+            found: RuntimeInfo | None = await lookup(runtime_id)
+            return found
+        return next((r for r in await kit.registry.runtimes()
+                     if r.runtime_id == runtime_id), None)
 
     async def abort(
         self,
@@ -64,24 +71,23 @@ class ControlMixin:
             check_identifier("run_id", run_id)
         if reason is not None:
             check_str("reason", reason)
-        aborted = await self._control().abort(
+        aborted = await self._kit_open().abort(
             thread_key, run_id, reason=reason or "", clear=bool(clear_pending)
         )
         return aborted is not None
 
     async def pending(self, thread_key: str) -> list[Signal]:
-        """The signals of ``thread_key`` accepted and not yet acknowledged, in order, with
-        ``mode`` and ``attempt`` (deliveries so far: 0 for one no run has taken yet)."""
+        """The signals of ``thread_key`` accepted and not yet acknowledged, in hand-out order
+        (priority, then accept order), with ``mode`` and ``attempt`` (runs it was handed to
+        so far: 0 for one no run has taken yet)."""
         check_identifier("thread key", thread_key)
-        self._require_open()
+        kit = self._kit_open()
         out: list[Signal] = []
-        after: str | None = None
         while True:
-            page = await self.inbox.read(thread_key, after=after, limit=1000, max_bytes=1 << 30)
+            page = await kit.core.entries(thread_key, limit=1000, offset=len(out))
             out += [e.signal.evolve(attempt=e.attempts, mode=e.mode) for e in page]
             if len(page) < 1000:
                 return out
-            after = page[-1].entry_id
 
     async def cancel(self, thread_key: str, signal_ids: Sequence[str]) -> list[str]:
         """Withdraw queued signals that no run has taken yet; returns the ids withdrawn
@@ -89,38 +95,37 @@ class ControlMixin:
         withdrawn or processed, never both."""
         check_identifier("thread key", thread_key)
         ids = [check_identifier("signal id", s) for s in _as_list("signal_ids", signal_ids)]
-        return await self._control().cancel(thread_key, ids) if ids else []
+        return await self._kit_open().withdraw(thread_key, ids) if ids else []
 
     async def thread(self, thread_key: str) -> ThreadInfo:
-        """What is known of one thread (owner, owning runtime, pending count, activity), from
-        any process; an unknown thread is simply idle with nothing pending."""
+        """What is known of one thread (owner, owning runtime, pending count, activity,
+        pause), from any process; an unknown thread is simply idle with nothing pending."""
         check_identifier("thread key", thread_key)
-        self._require_open()
+        kit = self._kit_open()
         owner = await self.leases.get_lease_owner(thread_key)
-        meta = (await self.inbox.thread_meta([thread_key]))[thread_key]
-        runtime = None
-        if owner is not None:
-            runtime = next((r for r in await self.inbox.runtimes()
-                            if r.runtime_id == run_runtime(owner)), None)
+        state = (await kit.core.describe([thread_key]))[thread_key]
+        runtime = await self._runtime_info(kit, run_runtime(owner)) if owner else None
         return ThreadInfo(
             thread_key=thread_key, owner=owner,
             runtime_id=(run_runtime(owner) or None) if owner else None,
             host=runtime.host if runtime else None, pid=runtime.pid if runtime else None,
-            since=meta["since"] if owner else None, pending=meta["pending"],
-            last_activity=meta["last"],
+            since=state.since if owner else None, pending=state.pending,
+            last_activity=state.last, paused=state.paused, next_due=state.next_due,
         )
 
     async def threads(self, active: bool | None = None) -> list[ThreadInfo]:
-        """Every thread the deployment knows, from any process: those owned by a live
-        runtime and those with pending signals and no owner (``active=True``: owned only;
-        ``False``: not owned only). Costs a few calls per thread: a listing, not a hot path."""
-        self._require_open()
-        runtimes = {r.runtime_id: r for r in await self.inbox.runtimes() if r.alive}
-        keys: set[str] = set(await self.inbox.pending_threads(limit=100_000))
+        """Every thread the deployment knows, from any process: those with pending signals
+        (owned or not), those owned by a live runtime (where the backend's registry lists
+        them) and this process's own (``active=True``: owned only; ``False``: not owned
+        only). Costs a few calls per thread: a listing, not a hot path."""
+        kit = self._kit_open()
+        runtimes = {r.runtime_id: r for r in await kit.registry.runtimes() if r.alive}
+        keys: set[str] = set((await kit.core.due(limit=100_000, until=math.inf)).threads)
+        keys.update(self._chains)
         for runtime_id in runtimes:
-            keys.update(await self.inbox.runtime_threads(runtime_id))
+            keys.update(await kit.registry.runtime_threads(runtime_id))
         ordered = sorted(keys)
-        meta = await self.inbox.thread_meta(ordered)
+        states = await kit.core.describe(ordered)
         owners: dict[str, str | None] = {}
         limiter = anyio.Semaphore(32)
 
@@ -133,18 +138,20 @@ class ControlMixin:
                 tg.start_soon(owner_of, key)
         out = []
         for key in ordered:
-            owner = owners[key]
+            owner, state = owners[key], states[key]
             if active is not None and (owner is not None) != active:
                 continue
-            if owner is None and not meta[key]["pending"]:
+            if owner is None and not state.pending:
                 continue  # an idle thread with nothing to do: not worth listing
             owner_runtime = (run_runtime(owner) or None) if owner else None
             runtime = runtimes.get(owner_runtime or "")
+            if runtime is None and owner_runtime is not None:
+                runtime = await self._runtime_info(kit, owner_runtime)
             out.append(ThreadInfo(
                 thread_key=key, owner=owner, runtime_id=owner_runtime,
                 host=runtime.host if runtime else None, pid=runtime.pid if runtime else None,
-                since=meta[key]["since"] if owner else None, pending=meta[key]["pending"],
-                last_activity=meta[key]["last"],
+                since=state.since if owner else None, pending=state.pending,
+                last_activity=state.last, paused=state.paused, next_due=state.next_due,
             ))
         return out
 
@@ -153,21 +160,24 @@ class ControlMixin:
         retention). Works from any process."""
         check_identifier("thread key", thread_key)
         check_identifier("signal id", signal_id)
-        return await self.inbox.receipt(thread_key, signal_id)
+        self._require_open()
+        return await self.store.receipt(thread_key, signal_id)
 
     async def dead_letters(self, thread_key: str, *, limit: int = 100) -> list[DeadLetter]:
         """The signals of ``thread_key`` that failed ``max_attempts`` deliveries, oldest first."""
         check_identifier("thread key", thread_key)
-        return await self.inbox.dead_letters(thread_key, limit=check_int("limit", limit))
+        return await self._kit_open().core.dead_letters(thread_key,
+                                                       limit=check_int("limit", limit))
 
     async def retry_dead_letters(self, thread_key: str, signal_ids: Sequence[str]) -> list[str]:
         """Put dead-lettered signals back into the inbox (attempts from zero) and wake the
         thread; returns the ids that were dead letters."""
         check_identifier("thread key", thread_key)
         ids = [check_identifier("signal id", s) for s in _as_list("signal_ids", signal_ids)]
-        retried = await self.inbox.retry_dead(thread_key, ids)
+        kit = self._kit_open()
+        retried = await kit.core.revive(thread_key, ids)
         if retried:
-            await self.inbox.notify(None, Notice("work", thread_key))
+            await kit.notify(None, Notice("work", thread_key))
             chain = self._chains.get(thread_key)
             if chain is not None:
                 chain.doorbell.ring()
@@ -181,7 +191,7 @@ class ControlMixin:
         ids = None if signal_ids is None else [
             check_identifier("signal id", s) for s in _as_list("signal_ids", signal_ids)
         ]
-        return await self.inbox.purge_dead(thread_key, ids)
+        return len(await self._kit_open().core.revive(thread_key, ids, purge=True))
 
 
 

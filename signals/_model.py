@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from _signal_leases.errors import SignalTooLargeError
-from _signal_leases.validation import check_identifier, check_int, check_str
+from _signal_leases.validation import (
+    check_choice,
+    check_identifier,
+    check_int,
+    check_optional_int,
+    check_seconds,
+    check_str,
+)
 
 __all__ = [
     "DEFAULT_MAX_SIGNAL_BYTES",
@@ -17,6 +24,8 @@ __all__ = [
     "EntryMode",
     "IfActive",
     "IfIdle",
+    "MAX_PRIORITY",
+    "Merge",
     "Outcome",
     "Receipt",
     "ReceiptStatus",
@@ -29,18 +38,28 @@ __all__ = [
 #: The default limit on one encoded signal (and on one result or stream part): 1 MiB.
 DEFAULT_MAX_SIGNAL_BYTES = 1 << 20
 
-Outcome: TypeAlias = Literal["wake", "deliver", "queued", "discarded", "rejected"]
+Outcome: TypeAlias = Literal[
+    "wake", "deliver", "queued", "scheduled", "discarded", "rejected", "unchanged"
+]
 """What ``send`` did: ``wake`` (this process won the lease and runs the agent), ``deliver``
 (handed to the active run, here or in the owner process), ``queued`` (kept for the next run:
-behind the active run, or for a worker to pick up), ``discarded`` (dropped by policy, or a
-duplicate of a signal already accepted), ``rejected`` (refused by policy: the thread is busy)."""
+behind the active run, or for a worker to pick up), ``scheduled`` (stored, not due before its
+``not_before``), ``discarded`` (dropped by policy, or a duplicate of a signal already
+accepted), ``rejected`` (refused: the thread is busy, or its pending cap is reached;
+``Delivery.reason`` says which), ``unchanged`` (its lane's last signal had the same
+``cache_key``: nothing stored)."""
 
 IfActive: TypeAlias = Literal["deliver", "queue", "interrupt", "discard", "reject"]
 IfIdle: TypeAlias = Literal["wake", "enqueue", "discard"]
+Merge: TypeAlias = Literal["append", "supersede", "coalesce"]
+"""What a signal does to the pending signals of its lane (see :class:`Signal`)."""
 EntryMode: TypeAlias = Literal["deliver", "queue"]
 """``deliver``: give it to the active run. ``queue``: it starts a run of its own."""
 
-ReceiptStatus: TypeAlias = Literal["pending", "processed", "dead_lettered", "cancelled"]
+ReceiptStatus: TypeAlias = Literal[
+    "pending", "scheduled", "processed", "dead_lettered", "cancelled", "superseded",
+    "expired", "dropped",
+]
 
 
 def encode_json(value: Any, what: str, limit: int | None = None) -> str:
@@ -65,33 +84,87 @@ class Signal:
     ``notification``, ...). ``payload`` must be JSON-serialisable; a ``TypeError`` says so at
     construction. ``created_at`` is Unix time in seconds.
 
+    How it lands (see docs/dispositions.md):
+
+    * ``priority``: a thread hands out higher priority first, FIFO within a priority
+      (``-1_000_000`` to ``1_000_000``).
+    * ``lane``: a named lane of the thread (thread-key rules); ``merge`` says what a new signal
+      does to the lane's pending ones: ``append`` (nothing), ``supersede`` (replaces the
+      pending ones: their receipts become ``superseded``) or ``coalesce`` (at hand-out the
+      pending ones are folded into one signal by the runtime's reducer for the lane).
+      ``cache_key``: a signal whose lane's last accepted signal had the same cache key stores
+      nothing (outcome ``unchanged``).
+    * Time (see docs/time.md): ``not_before`` (Unix time; not handed out earlier),
+      ``expires_at`` (Unix time; never handed out later: receipt ``expired``), and for a lane
+      with ``merge`` ``supersede`` or ``coalesce``, ``debounce_ms`` (the lane is handed out
+      once that long passed without a new signal in it) and ``max_wait_ms`` (or once that
+      long passed since its first pending signal).
+
     Set by the runtime on the signals a run hands out (ignored on ``send``): ``attempt`` (1 on
-    the first delivery, +1 each time a run that had it failed, was cancelled or died before
-    acknowledging it) and ``mode`` (``deliver`` or ``queue``, from the sender's ``if_active``).
+    the first run that handed it to an agent, +1 for each later one), ``mode`` (``deliver`` or
+    ``queue``, from the sender's ``if_active``) and ``folded`` (the ids a coalesced signal
+    stands for; empty otherwise).
     """
 
     payload: Any = None
     type: str = "user"
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: float = field(default_factory=time.time)
+    priority: int = 0
+    lane: str | None = None
+    merge: Merge = "append"
+    cache_key: str | None = None
+    not_before: float | None = None
+    expires_at: float | None = None
+    debounce_ms: int | None = None
+    max_wait_ms: int | None = None
     attempt: int = field(default=1, compare=False)
     mode: EntryMode = field(default="deliver", compare=False)
+    folded: tuple[str, ...] = field(default=(), compare=False)
+    trace_context: dict[str, str] | None = field(default=None, compare=False, repr=False)
     _encoded: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_str("signal type", self.type)
         check_identifier("signal id", self.id)
-        if self._encoded is None:
-            encode_json(self.payload, "signal payload")  # a TypeError now, not at send
+        if self._encoded is not None:
+            return  # decoded from the store: checked when it was sent
+        encode_json(self.payload, "signal payload")  # a TypeError now, not at send
+        check_int("priority", self.priority, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+        check_choice("merge", self.merge, MERGES)
+        if self.lane is not None:
+            check_identifier("lane", self.lane)
+        elif self.merge != "append" or self.cache_key is not None:
+            raise ValueError(f"merge={self.merge!r} and cache_key need a lane (lane=...)")
+        if self.cache_key is not None:
+            check_str("cache_key", self.cache_key)
+        for name in ("not_before", "expires_at"):
+            value = getattr(self, name)
+            if value is not None:
+                check_seconds(name, value)
+        if (self.not_before is not None and self.expires_at is not None
+                and self.expires_at <= self.not_before):
+            raise ValueError("expires_at must be later than not_before")
+        check_optional_int("debounce_ms", self.debounce_ms)
+        check_optional_int("max_wait_ms", self.max_wait_ms)
+        if self.debounce_ms is not None and self.merge == "append":
+            raise ValueError("debounce_ms needs a lane with merge='coalesce' or 'supersede'")
+        if self.max_wait_ms is not None and self.debounce_ms is None:
+            raise ValueError("max_wait_ms needs debounce_ms")
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (what is stored; ``attempt`` and ``mode`` are not part of it)."""
-        return {
+        """The JSON form (what is stored; the delivery fields are not part of it)."""
+        out: dict[str, Any] = {
             "id": self.id,
             "type": self.type,
             "payload": self.payload,
             "created_at": self.created_at,
         }
+        for name in _OPTIONAL:
+            value = getattr(self, name)
+            if value is not None and value != _DEFAULTS.get(name):
+                out[name] = value
+        return out
 
     def encode(self, limit: int | None = None) -> str:
         """The stored JSON form; :class:`SignalTooLargeError` beyond ``limit`` bytes. Computed
@@ -104,14 +177,24 @@ class Signal:
             raise SignalTooLargeError(f"signal {self.id!r}", len(encoded), limit)
         return encoded
 
-    def evolve(self, *, attempt: int | None = None, mode: EntryMode | None = None) -> Signal:
+    def evolve(
+        self, *, attempt: int | None = None, mode: EntryMode | None = None,
+        folded: tuple[str, ...] | None = None,
+    ) -> Signal:
         """A copy with the delivery fields changed (no re-validation: the rest is the same)."""
         copy = object.__new__(Signal)
-        for name in ("payload", "type", "id", "created_at", "_encoded"):
+        for name in _STORED:
             object.__setattr__(copy, name, getattr(self, name))
         object.__setattr__(copy, "attempt", self.attempt if attempt is None else attempt)
         object.__setattr__(copy, "mode", self.mode if mode is None else mode)
+        object.__setattr__(copy, "folded", self.folded if folded is None else folded)
         return copy
+
+    def replace(self, **changes: Any) -> Signal:
+        """A copy with stored fields changed (validated like a new signal)."""
+        fields = {name: getattr(self, name) for name in _STORED if name != "_encoded"}
+        fields.update(changes)
+        return Signal(**fields)
 
     @classmethod
     def from_dict(
@@ -124,21 +207,43 @@ class Signal:
             type=obj["type"],
             id=obj["id"],
             created_at=float(obj["created_at"]),
+            priority=int(obj.get("priority", 0)),
+            lane=obj.get("lane"),
+            merge=obj.get("merge", "append"),
+            cache_key=obj.get("cache_key"),
+            not_before=obj.get("not_before"),
+            expires_at=obj.get("expires_at"),
+            debounce_ms=obj.get("debounce_ms"),
+            max_wait_ms=obj.get("max_wait_ms"),
+            trace_context=obj.get("trace_context"),
             attempt=attempt,
             mode=mode,
             _encoded=encoded,
         )
 
 
+#: The largest ``priority`` (and the opposite of the smallest).
+MAX_PRIORITY = 1_000_000
+MERGES: tuple[Merge, ...] = ("append", "supersede", "coalesce")
+_OPTIONAL = ("priority", "lane", "merge", "cache_key", "not_before", "expires_at",
+             "debounce_ms", "max_wait_ms", "trace_context")
+_DEFAULTS: dict[str, Any] = {"priority": 0, "merge": "append"}
+_STORED = ("payload", "type", "id", "created_at", *_OPTIONAL, "_encoded")
+
+
 @dataclass(frozen=True, slots=True)
 class Receipt:
     """What became of one accepted signal (see ``SignalRuntime.receipt`` and ``wait_for``).
 
-    ``status``: ``pending`` (accepted, not yet acknowledged), ``processed`` (a run acknowledged
-    it; ``result`` is what it passed to ``ack``), ``dead_lettered`` (it failed
-    ``max_attempts`` deliveries; ``error`` says what the last run raised, when known) or
-    ``cancelled`` (withdrawn before a run took it). ``run_id`` is the run that processed or
-    last had it. ``at`` is the Unix time of the last change.
+    ``status``: ``pending`` (accepted, not yet acknowledged), ``scheduled`` (accepted, not due
+    before its ``not_before``), ``processed`` (a run acknowledged it; ``result`` is what it
+    passed to ``ack``), ``dead_lettered`` (it failed ``max_attempts`` attempts; ``error`` says
+    what the last run raised, when known), ``cancelled`` (withdrawn before a run took it),
+    ``superseded`` (replaced in its lane by ``superseded_by`` before a run took it),
+    ``expired`` (its ``expires_at`` passed before a run took it) or ``dropped`` (the oldest of
+    the lowest priority when the thread's pending cap was reached with
+    ``overflow="drop_oldest"``). ``run_id`` is the run that processed or last had it. ``at``
+    is the Unix time of the last change.
     """
 
     signal_id: str
@@ -147,23 +252,21 @@ class Receipt:
     result: Any = None
     error: str | None = None
     at: float | None = None
+    superseded_by: str | None = None
 
     @property
     def done(self) -> bool:
-        """True once the status can no longer change (anything but ``pending``)."""
-        return self.status != "pending"
+        """True once the status can no longer change (anything but ``pending`` and
+        ``scheduled``)."""
+        return self.status not in ("pending", "scheduled")
 
     def to_dict(self) -> dict[str, Any]:
         """The stored JSON form (without the signal id, which is its key)."""
         out: dict[str, Any] = {"status": self.status}
-        if self.run_id is not None:
-            out["run_id"] = self.run_id
-        if self.result is not None:
-            out["result"] = self.result
-        if self.error is not None:
-            out["error"] = self.error
-        if self.at is not None:
-            out["at"] = self.at
+        for name in ("run_id", "result", "error", "at", "superseded_by"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
         return out
 
     @classmethod
@@ -176,6 +279,7 @@ class Receipt:
             result=obj.get("result"),
             error=obj.get("error"),
             at=obj.get("at"),
+            superseded_by=obj.get("superseded_by"),
         )
 
 
@@ -186,7 +290,8 @@ class StreamPart:
     ``cursor`` orders parts and resumes a stream exactly after this one. ``kind`` is what the
     agent passed to ``emit`` (``"part"`` by default) or a lifecycle kind the runtime writes:
     ``run.started``, ``signal.received``, ``signal.acked``, ``signal.dead_lettered``,
-    ``signal.cancelled``, ``run.finished``, ``run.failed``, ``run.cancelled``. ``run_id`` is the
+    ``signal.cancelled``, ``signal.superseded``, ``signal.expired``, ``signal.dropped``,
+    ``run.finished``, ``run.failed``, ``run.cancelled``. ``run_id`` is the
     run that wrote it, ``signal_id`` the signal it concerns (if any), ``data`` its JSON
     payload, ``at`` the Unix time it was written.
     """
@@ -207,7 +312,9 @@ class ThreadInfo:
     ``owner``: the run holding the thread's lease (``None``: idle). ``runtime_id``, ``host``,
     ``pid``: the runtime (process) that owns it, when known. ``since``: Unix time that runtime
     took the thread. ``pending``: signals accepted and not yet acknowledged. ``last_activity``:
-    Unix time of the last accepted signal.
+    Unix time of the last accepted signal. ``paused``: the thread is paused
+    (``SignalRuntime.pause``): it keeps accepting signals and hands none out. ``next_due``:
+    Unix time of its earliest signal not due yet (``None``: none).
     """
 
     thread_key: str
@@ -218,6 +325,8 @@ class ThreadInfo:
     since: float | None
     pending: int
     last_activity: float | None
+    paused: bool = False
+    next_due: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +337,9 @@ class Delivery:
     holder. ``duplicate`` is ``True`` when the signal id was already accepted for this thread;
     nothing was stored or started, and ``receipt`` is the original's receipt. ``backpressure``
     is ``True`` when this process was full (``max_concurrent_runs``) and left the signal
-    queued for another worker or for recovery instead of starting a run.
+    queued for another worker or for recovery instead of starting a run. ``reason`` says why a
+    signal was ``rejected`` or ``discarded``. ``superseded`` and ``dropped`` list the pending
+    signals this one replaced in its lane or pushed out of the thread's pending cap.
     """
 
     outcome: Outcome
@@ -238,6 +349,9 @@ class Delivery:
     duplicate: bool = False
     receipt: Receipt | None = None
     backpressure: bool = False
+    reason: str | None = None
+    superseded: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
 
     @property
     def run_id(self) -> str | None:

@@ -1,9 +1,11 @@
-"""Recovery: take over threads whose owner died, and ownerless threads with pending work.
+"""Recovery and the process's timer: take over threads whose owner died, ownerless threads
+with work, and threads whose delayed signals came due.
 
 A mixin of :class:`~signals.SignalRuntime`. One task per runtime serves it: it keeps the
 runtime's presence fresh (every TTL/3), claims threads named by work notices as they come,
-and every ``recover_interval_ms`` indexes the threads of dead runtimes and claims what the
-pending index holds. The work done per pass is O(threads needing an owner), never O(all).
+and every ``recover_interval_ms``, or at the next due time the core reported (or a ``due``
+notice announced), asks the core which threads are due and claims them. The work done per
+pass is O(threads needing an owner), never O(all); there is no timer per thread or signal.
 """
 
 from __future__ import annotations
@@ -12,24 +14,26 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from _signal_leases.aio import unix_now
+
 if TYPE_CHECKING:
     from _signal_leases.aio import WakeQueue
     from _signal_leases.logs import Logger
     from signals._chain import Chain
-    from signals._routing import Backend
-    from signals._store import RuntimeInfo, SignalStore
+    from signals.kit._capabilities import RuntimeInfo
+    from signals.kit._store import KitStore
 
 __all__ = ["RECOVER_BATCH", "RecoveryMixin"]
 
-#: How many pending threads one recovery pass looks at (the longest-waiting first).
+#: How many due threads one recovery pass looks at (the longest-due first).
 RECOVER_BATCH = 1000
+_TIMER = ""  # a work item that only wakes the timer (no thread key is empty)
 
 
 class RecoveryMixin:
     """The recovery task and ``recover()`` (see :class:`~signals.SignalRuntime`)."""
 
     agent: Any
-    inbox: SignalStore
     runtime_id: str
     lease_ttl_ms: int
     recover_interval_ms: int
@@ -37,7 +41,8 @@ class RecoveryMixin:
     _starting: set[str]
     _lost: set[str]
     _work: WakeQueue[str | None]
-    _backend: Backend | None
+    _next_due: float | None
+    _kit: KitStore | None
     _closed: bool
     _log: Logger
 
@@ -47,11 +52,23 @@ class RecoveryMixin:
     def _start_chain(self, lease: Any) -> None:
         raise NotImplementedError
 
-    def _require_open(self) -> Any:
+    def _kit_open(self) -> KitStore:
         raise NotImplementedError
 
     def _info(self) -> RuntimeInfo:
         raise NotImplementedError
+
+    def _due_hint(self, at: float) -> None:
+        """A signal comes due at ``at`` (Unix time): make the timer wake by then."""
+        if self._next_due is None or at < self._next_due:
+            self._next_due = at
+            self._work.put(_TIMER)
+
+    def _timer_at(self) -> float:
+        """The next due time on the event loop's clock (``inf``: none)."""
+        if self._next_due is None:
+            return float("inf")
+        return anyio.current_time() + max(0.0, self._next_due - unix_now())
 
     async def _recovery_loop(self) -> None:
         presence_s = self.lease_ttl_ms / 3000
@@ -60,15 +77,16 @@ class RecoveryMixin:
         next_presence, next_recover = now + presence_s, now + recover_s
         while True:
             item: str | bool | None = False
-            with anyio.move_on_at(min(next_presence, next_recover)):
+            with anyio.move_on_at(min(next_presence, next_recover, self._timer_at())):
                 item = await self._work.get()
             if self._closed:
                 return  # leaving: the runtime's exit takes care of what is left
             try:
+                kit = self._kit_open()
                 for thread_key in list(self._lost):
-                    await self.inbox.index(thread_key)
+                    await kit.core.look_at(thread_key, unix_now())
                     self._lost.discard(thread_key)
-                if isinstance(item, str):
+                if isinstance(item, str) and item != _TIMER:
                     await self._try_claim(item)
                 now = anyio.current_time()
                 if now >= next_presence:
@@ -76,8 +94,10 @@ class RecoveryMixin:
                     await self._keep_presence()
                 if item is None:
                     await self._check_aborts()  # notices may have been lost before a resync
-                if item is None or now >= next_recover:
-                    next_recover = now + recover_s
+                due = self._next_due is not None and self._next_due <= unix_now()
+                if item is None or now >= next_recover or due:
+                    if item is None or now >= next_recover:
+                        next_recover = now + recover_s
                     await self.recover()
             except Exception as exc:
                 self._log.warning("signals.recovery_failed", error=repr(exc))
@@ -86,27 +106,28 @@ class RecoveryMixin:
         chains = dict(self._chains)
         if not chains:
             return
-        for thread_key, meta in (await self.inbox.thread_meta(list(chains))).items():
+        states = await self._kit_open().core.describe(list(chains))
+        for thread_key, state in states.items():
             chain = chains[thread_key]
-            if meta["abort"] is not None and meta["abort"] == chain.run_id:
-                chain.cancel_run("abort", meta["abort"])
+            if state.abort is not None and state.abort == chain.run_id:
+                chain.cancel_run("abort", state.abort)
 
     async def _keep_presence(self) -> None:
-        if not await self.inbox.refresh_runtime(self.runtime_id, self.lease_ttl_ms):
+        registry = self._kit_open().registry
+        if not await registry.refresh_runtime(self.runtime_id, self.lease_ttl_ms):
             # We were taken for dead (too slow to refresh): register again, re-track our threads.
-            await self.inbox.register_runtime(self._info(), self.lease_ttl_ms)
-            await self.inbox.track_threads(self.runtime_id, add=list(self._chains))
+            await registry.register_runtime(self._info(), self.lease_ttl_ms)
+            await registry.track_threads(self.runtime_id, add=list(self._chains))
 
     async def _try_claim(self, thread_key: str) -> bool:
         if thread_key in self._chains or thread_key in self._starting or self._full():
             return False
         if self._closed:
             return False
-        backend = self._backend
-        assert backend is not None
+        kit = self._kit_open()
         self._starting.add(thread_key)
         try:
-            lease = await backend.claim(thread_key)
+            lease = await kit.claim(thread_key)
             if lease is None:
                 return False
             self._log.info("signals.recovered", key=thread_key, run_id=lease.owner,
@@ -117,18 +138,23 @@ class RecoveryMixin:
             self._starting.discard(thread_key)
 
     async def recover(self) -> list[str]:
-        """Take over threads whose owner died and ownerless threads with pending signals;
-        returns the threads woken. The runtime calls this every ``recover_interval_ms`` (and
-        on work notices); call it yourself to recover at once."""
-        self._require_open()
+        """Take over threads whose owner died, ownerless threads with pending signals, and
+        threads whose delayed signals came due; returns the threads woken. The runtime calls
+        this every ``recover_interval_ms``, at the next due time and on work notices; call it
+        yourself to recover at once."""
+        kit = self._kit_open()
         if self.agent is None:
             return []
-        for runtime_id in await self.inbox.orphan_dead_runtimes():
-            self._log.info("signals.runtime_dead", dead_runtime_id=runtime_id)
+        due = await kit.core.due(limit=RECOVER_BATCH)
+        self._next_due = due.next_at
         woken: list[str] = []
-        for thread_key in await self.inbox.pending_threads(limit=RECOVER_BATCH):
+        for thread_key in due.threads:
             if self._full():
                 break
+            if thread_key in self._chains:  # a delayed signal of ours came due
+                self._chains[thread_key].doorbell.ring()
+                await kit.core.look_at(thread_key, unix_now() + self.lease_ttl_ms / 1000)
+                continue
             if await self._try_claim(thread_key):
                 woken.append(thread_key)
         return woken

@@ -14,7 +14,7 @@ from leases import (
     is_lease_provider,
     resolve_lease_provider,
 )
-from signals._store import SignalStore, is_signal_store
+from signals.kit._core import CORE_METHODS, SignalCore, is_signal_core
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 __all__ = [
     "check_agent",
     "check_pubsub",
+    "check_store",
+    "resolve_core",
     "resolve_leases",
-    "resolve_signal_store",
 ]
 
 
@@ -77,7 +78,7 @@ def resolve_leases(pubsub: object, leases: object) -> LeaseProvider:
     return leases  # type: ignore[return-value]
 
 
-def _shared(pubsub: object, name: str, factory: Callable[[], SignalStore]) -> SignalStore:
+def _shared(pubsub: object, name: str, factory: Callable[[], SignalCore]) -> SignalCore:
     """One store per pub/sub instance (and lease provider), when the pub/sub can hold it."""
     extension = getattr(pubsub, "extension", None)
     if callable(extension):
@@ -85,17 +86,31 @@ def _shared(pubsub: object, name: str, factory: Callable[[], SignalStore]) -> Si
     return factory()
 
 
-def resolve_signal_store(pubsub: object, leases: LeaseProvider) -> SignalStore:
-    """The store the runtime uses when none is given.
+def resolve_core(pubsub: object, leases: LeaseProvider) -> SignalCore:
+    """The core the runtime uses when ``inbox=`` is not given.
 
-    The pub/sub itself when it implements the store; a :class:`~signals.RedisSignalStore` on
-    the pub/sub's Redis connection (``RedisStreamsPubSub``); an in-memory store when the leases
-    are process-local. One store is shared by every runtime built on the same pub/sub (so a
-    sender-only runtime and a worker in one process see the same inboxes). Anything else
-    would lose signals across processes: :class:`ConfigurationError`.
+    In order: the pub/sub itself when it is a :class:`~signals.kit.SignalCore` (the twelve
+    methods); its ``signal_core()`` when it has one (a hook a backend's pub/sub offers); a
+    :class:`~signals.RedisSignalStore` on the pub/sub's Redis connection
+    (``RedisStreamsPubSub``); an in-memory store when the leases are process-local. One core
+    is shared by every runtime built on the same pub/sub (so a sender-only runtime and a worker
+    in one process see the same inboxes). Anything else would lose signals across processes:
+    :class:`ConfigurationError`.
     """
-    if is_signal_store(pubsub):
+    if is_signal_core(pubsub):
         return pubsub  # type: ignore[return-value]
+    hook = getattr(pubsub, "signal_core", None)
+    if callable(hook):
+        return _shared(pubsub, f"signals.core:{id(leases)}", lambda: check_store(hook(leases)))
+    database = getattr(pubsub, "sql_database", None)
+    if database is not None:  # SQLitePubSub, PostgresPubSub: the SQL core in the same database
+        from signals.kit._derived import TOPIC_PREFIX, PubSubNotices
+        from signals.kit._sql import SQLCore
+
+        own = getattr(pubsub, "get_lease_provider", lambda: None)()
+        fused = leases if leases is own else None
+        return _shared(pubsub, f"signals.core:{id(fused)}", lambda: SQLCore(
+            database, leases=fused, notices=PubSubNotices(pubsub, TOPIC_PREFIX)))  # type: ignore[arg-type]
     client = getattr(pubsub, "redis_client", None)
     if client is not None:
         from signals._backends.redis.store import RedisSignalStore
@@ -115,13 +130,19 @@ def resolve_signal_store(pubsub: object, leases: LeaseProvider) -> SignalStore:
             pubsub, f"signals.store:{id(memory)}", lambda: InMemorySignalStore(leases=memory)
         )
     raise ConfigurationError(
-        "the lease provider is shared across processes but no shared store was found: pass "
-        "inbox=RedisSignalStore(...) (or another durable SignalStore) to SignalRuntime"
+        f"the lease provider is shared across processes but {type(pubsub).__name__} gives no "
+        f"durable signal core: pass inbox=<a signals.kit.SignalCore> (the twelve methods of "
+        f"docs/custom-backend.md, or signals.kit.SQLCore over your database), or give the "
+        f"pub/sub a signal_core(leases) method that returns one"
     )
 
 
-def check_store(store: object) -> SignalStore:
-    """``TypeError`` unless ``store`` is structurally a :class:`~signals.SignalStore`."""
-    if not is_signal_store(store):
-        raise TypeError(f"inbox must be a SignalStore, got {_describe(store)}")
+def check_store(store: object) -> SignalCore:
+    """``TypeError`` unless ``store`` is structurally a :class:`~signals.kit.SignalCore`."""
+    if not is_signal_core(store):
+        missing = [m for m in CORE_METHODS if not callable(getattr(store, m, None))]
+        raise TypeError(
+            f"inbox must be a signals.kit.SignalCore, got {_describe(store)} (missing: "
+            f"{', '.join(missing) if missing else 'it is a class, not an instance'})"
+        )
     return store  # type: ignore[return-value]

@@ -1,29 +1,33 @@
-"""``Run``: what the agent receives. It reads the thread's inbox and acknowledges explicitly."""
+"""``Run``: what the agent receives. It takes signals from the thread's inbox, one hand-out at
+a time, and acknowledges explicitly."""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+import heapq
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 
-from _signal_leases.aio import retry_unavailable
+from _signal_leases.aio import retry_unavailable, unix_now
 from _signal_leases.validation import check_str
 from signals._model import Signal, encode_json
-from signals._store import Ack, PartIn
+from signals.kit._capabilities import PartIn
+from signals.kit._core import Ack, RunRef
 
 if TYPE_CHECKING:
-    from signals._store import InboxEntry, SignalStore
+    from signals.kit._core import InboxEntry, Taken
+    from signals.kit._store import KitStore
 
-__all__ = ["Doorbell", "Run", "RunInfo"]
+__all__ = ["Doorbell", "Reducer", "Run", "RunInfo"]
 
-#: How many inbox entries a run reads ahead at once, and how many bytes at most.
-READ_BATCH = 64
-READ_BYTES = 1 << 20
-_GONE = -3  # a buffered entry found gone when it was delivered ahead
+Reducer = Callable[[list[Signal]], Any]
+"""``fn(signals) -> payload``: folds the pending signals of a ``coalesce`` lane into one."""
+
+_ORDER = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,7 @@ class RunInfo:
 class Doorbell:
     """Wakes a run that waits for input: rung by local senders and by store notices.
 
-    A ring is remembered until the next :meth:`wait` (so a ring between a read and the wait
+    A ring is remembered until the next :meth:`wait` (so a ring between a take and the wait
     is never lost). No task and no timer: an idle run costs an event object.
     """
 
@@ -56,12 +60,12 @@ class Doorbell:
         self._rung = False
 
     def ring(self) -> None:
-        """New input the run must read."""
+        """New input the run must take."""
         self._rung = True
         self.wake()
 
     def wake(self) -> None:
-        """Wake a waiting run without asking it to read (it was handed input directly)."""
+        """Wake a waiting run without asking it to take (it was handed input directly)."""
         if self._event is not None:
             self._event.set()
 
@@ -72,7 +76,7 @@ class Doorbell:
 
     @property
     def rung(self) -> bool:
-        """A ring is pending (a read is due)."""
+        """A ring is pending (a take is due)."""
         return self._rung
 
     async def wait(self, timeout: float) -> None:
@@ -88,6 +92,23 @@ class Doorbell:
             self._event = None
 
 
+def _key(entry: InboxEntry) -> tuple[int, int, int]:
+    """Hand-out order inside a run's buffer: priority, then the entry's number."""
+    try:
+        number = int(entry.entry_id)
+    except ValueError:
+        number = 1 << 62
+    return -entry.signal.priority, number, next(_ORDER)
+
+
+@dataclass(slots=True)
+class _Unit:
+    """What the agent was handed as one signal: one entry, or a folded lane."""
+
+    signal: Signal
+    entries: tuple[InboxEntry, ...]
+
+
 class Run:
     """One run of the agent on a thread, holding the thread's lease.
 
@@ -95,9 +116,12 @@ class Run:
     no-op provider): pass it to the storage you write to, so a stale owner's writes are refused.
 
     Iterate the run (``async for signal in run``) or call :meth:`next_signal` to get the
-    thread's pending signals in order: the one that woke it, then follow-ups delivered while
-    it runs. The iteration ends when nothing arrives within the runtime's ``idle_wait_ms``, or
-    at a signal sent with ``if_active="queue"`` (that one starts the next run).
+    thread's pending signals: the one that woke it, then follow-ups delivered while it runs,
+    higher priority first, in accept order within a priority. The iteration ends when nothing
+    arrives within the runtime's ``idle_wait_ms``, or at a signal sent with
+    ``if_active="queue"`` (that one starts the next run). The pending signals of a
+    ``coalesce`` lane come as one signal, folded by the runtime's reducer for the lane; its
+    ``folded`` lists the ids it stands for.
 
     Commit is explicit: a signal handed out stays pending until :meth:`ack`, or until the
     agent returns normally (then every signal handed out is acknowledged). Asking for the next
@@ -105,7 +129,7 @@ class Run:
     is cancelled (lease lost, abort, timeout, shutdown) or its process dies, the next run gets
     the unacknowledged signals again, with ``Signal.attempt`` increased.
 
-    While the backend is unreachable, reads and acknowledgements are retried (with backoff)
+    While the backend is unreachable, takes and acknowledgements are retried (with backoff)
     for as long as the run holds its lease; they never fail the agent on a transient outage.
     """
 
@@ -115,12 +139,13 @@ class Run:
         run_id: str,
         thread_key: str,
         token: int | None,
-        store: SignalStore,
+        store: KitStore,
         doorbell: Doorbell,
         idle_wait_s: float,
         max_attempts: int,
         max_bytes: int,
-        on_dead_letter: Callable[[InboxEntry], None] | None = None,
+        reducers: Mapping[str, Reducer] | None = None,
+        on_dead_letter: Callable[[str], None] | None = None,
         on_fenced: Callable[[], None] | None = None,
     ) -> None:
         self.run_id = run_id
@@ -128,23 +153,27 @@ class Run:
         self.token = token
         self.interrupted = False
         self.ended = False  # set by the chain once the agent returned or failed
+        self._ref = RunRef(run_id, token)
         self._store = store
         self._doorbell = doorbell
         self._idle_wait_s = idle_wait_s
         self._max_attempts = max_attempts
         self._max_bytes = max_bytes
+        self._reducers = reducers or {}
         self._on_dead_letter = on_dead_letter
         self._on_fenced = on_fenced
         self._primed: Signal | None = None
-        self._cursor: str | None = None
-        self._buffer: deque[InboxEntry] = deque()
-        self._unacked: dict[str, InboxEntry] = {}  # signal id -> entry, in hand-out order
+        self._buffer: list[tuple[tuple[int, int, int], InboxEntry]] = []  # taken, not handed
+        self._grouped: list[tuple[InboxEntry, ...]] = []  # a coalesced lane taken, not handed
+        self._unacked: dict[str, _Unit] = {}  # signal id -> unit, in hand-out order
+        self._acked: set[str] = set()
         self._stopped = False
-        self._more = True  # the inbox may hold entries this run has not read yet
-        self._reading = False
+        self._more = True  # the inbox may hold ready entries this run has not taken yet
+        self._taking = False
+        self._next_due: float | None = None
+        self._paused = False  # the thread was paused: hand out nothing more
+        self._carried: set[str] = set()  # carried to this run by a notice, left in the core
         self.handed: list[Signal] = []
-        self._charged: dict[str, None] = {}  # entries the store counted a hand-out to us for
-        self._handed_entries: set[str] = set()
 
     @property
     def consumed(self) -> int:
@@ -154,7 +183,19 @@ class Run:
     @property
     def unacked(self) -> list[Signal]:
         """Signals handed out and not yet acknowledged, in order."""
-        return [e.signal for e in self._unacked.values()]
+        return [u.signal for u in self._unacked.values()]
+
+    @property
+    def more(self) -> bool:
+        """Ready work may be left for a next run (the chain's handoff uses it)."""
+        if self._paused:
+            return False
+        return self._more or self._stopped or bool(self._buffer) or bool(self._grouped)
+
+    def pause(self) -> None:
+        """The thread was paused: hand out nothing more (what was taken goes back)."""
+        self._paused = True
+        self._doorbell.wake()
 
     def __aiter__(self) -> Run:
         return self
@@ -172,75 +213,74 @@ class Run:
         if self._primed is not None:
             signal, self._primed = self._primed, None
             return signal
-        if self._stopped:
-            return None
         wait_s = self._idle_wait_s if timeout is None else max(0.0, timeout)
         deadline = anyio.current_time() + wait_s
         while True:
-            if not self._buffer and (self._more or self._doorbell.take()):
-                await self._read_ahead()
-            while self._buffer:
-                entry = self._buffer[0]
-                if entry.mode == "queue" and self.handed:
-                    self._stopped = True  # it starts the next run; leave it in the inbox
-                    return None
-                self._buffer.popleft()
-                self._cursor = entry.entry_id
-                attempt = entry.delivered or await retry_unavailable(
-                    lambda e=entry: self._store.deliver(  # type: ignore[misc]
-                        self.thread_key, e.entry_id, e.signal.id, self.run_id,
-                        max_attempts=self._max_attempts,
-                    )
-                )
-                if attempt == -2:
-                    await self._fenced()
-                if attempt in (0, _GONE):
-                    continue  # acknowledged, cancelled or dead-lettered meanwhile
-                if attempt < 0:
-                    if self._on_dead_letter is not None:
-                        self._on_dead_letter(entry)
-                    continue
-                signal = entry.signal.evolve(attempt=attempt)
-                self._handed_entries.add(entry.entry_id)
-                self._unacked[signal.id] = replace(entry, signal=signal, attempts=attempt)
-                self.handed.append(signal)
-                return signal
+            if self._paused:
+                return None
+            handed = self._hand_out()
+            if handed is not None:
+                return handed
+            if self._stopped:
+                return None
+            if self._more or self._doorbell.take():
+                await self._take()
+                continue
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 return None
-            await self._doorbell.wait(remaining)
+            due = self._next_due
+            await self._doorbell.wait(remaining if due is None
+                                      else min(remaining, max(0.0, due - unix_now())))
+            if due is not None and unix_now() >= due:
+                self._more = True  # a signal came due: take it
+
+    def _hand_out(self) -> Signal | None:
+        """The best unit taken or carried, now handed to the agent (no store call)."""
+        if self._grouped:
+            return self._give(self._grouped.pop(0))
+        while self._buffer:
+            _, entry = heapq.heappop(self._buffer)
+            expires = entry.signal.expires_at
+            if expires is not None and expires <= unix_now() and entry.state == "carried":
+                self._more = True  # the core withdraws it on the next take
+                continue
+            return self._give((entry,))
+        return None
+
+    def _give(self, entries: tuple[InboxEntry, ...]) -> Signal:
+        last = entries[-1]
+        attempt = max(max(1, e.attempts) for e in entries)
+        if len(entries) == 1 and not (last.signal.lane is not None
+                                      and last.signal.merge == "coalesce"):
+            signal = last.signal.evolve(attempt=attempt)
+        else:
+            signals = [e.signal for e in entries]
+            reducer = self._reducers.get(last.signal.lane or "")
+            payload = reducer(signals) if reducer is not None else [s.payload for s in signals]
+            folded = last.signal.replace(payload=payload)
+            signal = folded.evolve(attempt=attempt, mode=last.mode,
+                                   folded=tuple(e.signal.id for e in entries))
+        self._unacked[signal.id] = _Unit(signal, entries)
+        self.handed.append(signal)
+        return signal
 
     def offer(self, entry: InboxEntry) -> bool:
-        """Take an entry a notice carried (already delivered to this run): it goes straight
-        into the buffer when it is surely the next one (the run has read the whole inbox, no
-        read is due or under way, and it is newer than everything seen); otherwise a read is
-        due. Notices of one thread arrive in inbox order, so this never reorders signals."""
-        if entry.delivered > 0:
-            self._charged[entry.entry_id] = None
-        last = self._buffer[-1].entry_id if self._buffer else self._cursor
-        if (
-            self._reading or self._more or self._stopped or self._doorbell.rung
-            or entry.delivered != 1
-            or (last is not None and _order(entry.entry_id) <= _order(last))
-        ):
+        """Take an entry a notice carried (already carried to this run): it goes straight
+        into the buffer when the run has taken everything ready (so nothing better is left
+        in the inbox); otherwise a take is due, which returns it in its place."""
+        if self._taking or self._more or self._stopped or self._doorbell.rung or self.ended:
+            self._carried.add(entry.signal.id)  # a take returns it; else it is given back
             self._doorbell.ring()
             return False
-        self._buffer.append(entry)
+        heapq.heappush(self._buffer, (_key(entry), entry))
         self._doorbell.wake()
         return True
 
-    def note_charged(self, entry_ids: Iterable[str]) -> None:
-        """The store counted a hand-out of these entries to this run (see :meth:`give_back`)."""
-        self._charged.update(dict.fromkeys(entry_ids))
-
-    async def give_back(self) -> None:
-        """At the end of the run: take back the hand-outs the store counted for entries this
-        run received (read ahead, or carried by a notice) but never handed to its agent, so a
-        signal's attempts count only the runs that gave it to the agent."""
-        ids = [e for e in self._charged if e not in self._handed_entries]
-        undeliver = getattr(self._store, "undeliver", None)
-        if ids and callable(undeliver):
-            await undeliver(self.thread_key, self.run_id, ids)
+    def note_carried(self, signal_id: str) -> None:
+        """A notice carried ``signal_id`` to this run before it started: a take returns it,
+        or the run gives it back at its end."""
+        self._carried.add(signal_id)
 
     async def prime(self) -> Signal | None:
         """Hand out the first pending signal before the agent starts (the one that woke the
@@ -255,25 +295,34 @@ class Run:
         await anyio.lowlevel.checkpoint()  # the cancellation lands here
         raise RuntimeError(f"run {self.run_id} no longer holds thread {self.thread_key!r}")
 
-    async def _read_ahead(self) -> None:
-        """Read the next entries; the first is delivered to this run in the same call. Once a
-        read reached the end of the inbox, the next one waits for a ring (every signal
-        accepted for this thread rings the run's doorbell; a reconnect rings them all)."""
+    async def _take(self, acks: list[Ack] | None = None) -> Taken:
+        """Take the next hand-out (acknowledging ``acks`` in the same call)."""
         self._doorbell.take()
-        self._reading = True
+        self._taking = True
         try:
-            page = await retry_unavailable(
-                lambda: self._store.read(
-                    self.thread_key, after=self._cursor, limit=READ_BATCH, max_bytes=READ_BYTES,
-                    deliver_to=self.run_id, max_attempts=self._max_attempts,
-                    skip_queued=bool(self.handed),
-                )
+            taken = await retry_unavailable(
+                lambda: self._store.take(self.thread_key, self._ref, acks=acks or (),
+                                         max_attempts=self._max_attempts,
+                                         first=not self.handed)
             )
         finally:
-            self._reading = False
-        self._more = bool(getattr(page, "more", True))
-        self.note_charged(e.entry_id for e in page if e.delivered > 0)
-        self._buffer.extend(page)
+            self._taking = False
+        if taken.fenced:
+            await self._fenced()
+        for sid in taken.dead:
+            if self._on_dead_letter is not None:
+                self._on_dead_letter(sid)
+        self._stopped = taken.stopped
+        self._more = taken.more
+        self._paused = taken.paused
+        self._next_due = taken.next_due
+        entries = taken.entries
+        if len(entries) > 1 or (entries and entries[0].signal.merge == "coalesce"
+                                and entries[0].signal.lane is not None):
+            self._grouped.append(entries)
+        elif entries:
+            heapq.heappush(self._buffer, (_key(entries[0]), entries[0]))
+        return taken
 
     async def emit(
         self, data: Any, kind: str = "part", *, signal: Signal | str | None = None
@@ -288,54 +337,62 @@ class Run:
         [cursor] = await retry_unavailable(lambda: self._store.emit(self.thread_key, [part]))
         return cursor
 
+    def _acks(self, unit: _Unit, result: str | None) -> list[Ack]:
+        return [Ack(e.entry_id, e.signal.id, result) for e in unit.entries]
+
     async def ack(self, signal: Signal | str, result: Any = None) -> None:
         """Acknowledge ``signal`` (or its id): it leaves the inbox for good and its receipt
         becomes ``processed`` with ``result`` (JSON, at most the runtime's
-        ``max_signal_bytes``). Acknowledging twice is a no-op."""
+        ``max_signal_bytes``); a folded signal acknowledges every signal it stands for, with
+        the same result. Acknowledging twice is a no-op."""
         signal_id = signal.id if isinstance(signal, Signal) else signal
-        entry = self._unacked.get(signal_id)
-        if entry is None:
-            if any(s.id == signal_id for s in self.handed):
+        unit = self._unacked.get(signal_id)
+        if unit is None:
+            if signal_id in self._acked:
                 return  # acknowledged before
             raise ValueError(f"signal {signal_id!r} was not handed to this run")
         encoded = None if result is None else encode_json(
             result, f"result of signal {signal_id!r}", self._max_bytes
         )
-        acks = [Ack(entry.entry_id, signal_id, self.run_id, encoded)]
-        ok = await retry_unavailable(lambda: self._acknowledge(acks))
-        if not ok:
+        acks = self._acks(unit, encoded)
+        if self._more and not self._buffer and not self._grouped and not self._stopped:
+            await self._take(acks)  # the next hand-out in the same call
+        elif not await retry_unavailable(
+            lambda: self._store.settle(self.thread_key, self._ref, acks=acks)
+        ):
             await self._fenced()
         self._unacked.pop(signal_id, None)
-
-    async def _acknowledge(self, acks: list[Ack]) -> bool:
-        """Acknowledge; when the next buffered entry will be handed out next, deliver it in
-        the same call (one round trip per signal while a backlog is worked through)."""
-        fused = getattr(self._store, "ack_and_deliver", None)
-        nxt = self._buffer[0] if self._buffer else None
-        if fused is None or nxt is None or nxt.delivered or (
-            nxt.mode == "queue" and self.handed
-        ):
-            return await self._store.ack(self.thread_key, acks)
-        ok, delivered = await fused(
-            self.thread_key, acks, nxt.entry_id, max_attempts=self._max_attempts
-        )
-        if ok and self._buffer and self._buffer[0] is nxt:
-            self._buffer[0] = replace(nxt, delivered=delivered if delivered else _GONE)
-            if delivered > 0:
-                self._charged[nxt.entry_id] = None
-        return bool(ok)
+        self._acked.add(signal_id)
+        self._acked.update(e.signal.id for e in unit.entries)
 
     async def ack_all(self) -> None:
         """Acknowledge every signal handed out and not yet acknowledged (the runtime calls
         this when the agent returns normally)."""
         if self._unacked:
-            acks = [Ack(e.entry_id, sid, self.run_id) for sid, e in self._unacked.items()]
-            if not await retry_unavailable(lambda: self._store.ack(self.thread_key, acks)):
+            acks = [a for u in self._unacked.values() for a in self._acks(u, None)]
+            if not await retry_unavailable(
+                lambda: self._store.settle(self.thread_key, self._ref, acks=acks)
+            ):
                 await self._fenced()
+            self._acked.update(self._unacked)
+            self._acked.update(a.signal_id for a in acks)
             self._unacked.clear()
 
+    def unhanded(self) -> list[str]:
+        """Signal ids this run took (or was carried) and never handed to its agent."""
+        ids = [e.signal.id for _, e in self._buffer]
+        ids += [e.signal.id for group in self._grouped for e in group]
+        handed = {e.signal.id for u in self._unacked.values() for e in u.entries}
+        ids += [sid for sid in self._carried if sid not in handed and sid not in self._acked
+                and sid not in ids]
+        return ids
 
-def _order(entry_id: str) -> tuple[int, int]:
-    """Entry ids in inbox order: Redis stream ids (``ms-seq``) or decimal counters."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    def failed_ids(self) -> list[str]:
+        """The ids of the signals handed out and not acknowledged (folded ones included)."""
+        return [e.signal.id for u in self._unacked.values() for e in u.entries]
+
+    def forget(self) -> None:
+        """What the run took is settled (by the chain): drop it."""
+        self._buffer.clear()
+        self._grouped.clear()
+

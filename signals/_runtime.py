@@ -1,28 +1,30 @@
 """``SignalRuntime``: routes signals to the one run that owns each thread.
 
 Per process, not per thread: one lease heartbeat (one renewal per interval for all leases,
-where the provider has sessions or batches), one notice listener (one connection), one
-recovery task. Per active thread: the chain's task, which runs the agent. See
-``docs/signals.md`` for the model and ``docs/guarantees.md`` for what holds.
+where the provider has sessions or batches), one notice listener, one recovery task that is
+also the process's one timer (it wakes at the next due time of any thread). Per active
+thread: the chain's task, which runs the agent. See ``docs/signals.md`` for the model and
+``docs/guarantees.md`` for what holds.
 
-Slightly over 400 lines: the runtime's public entry points; routing, runs, control and
+Over 400 lines on purpose: the runtime's public entry points; runs, recovery, control and
 streams are in their own modules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 from anyio import AsyncContextManagerMixin
 
-from _signal_leases.aio import WakeQueue, owned_task_group
+from _signal_leases.aio import WakeQueue, owned_task_group, unix_now
 from _signal_leases.errors import ClosedError
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import (
@@ -45,17 +47,13 @@ from signals._model import (
     check_max_bytes,
 )
 from signals._recovery import RecoveryMixin
-from signals._resolve import (
-    check_agent,
-    check_pubsub,
-    check_store,
-    resolve_leases,
-    resolve_signal_store,
-)
-from signals._routing import Backend
-from signals._run import Run, RunInfo
-from signals._store import InboxEntry, Notice, RuntimeInfo, SignalStore, run_runtime
+from signals._resolve import check_agent, check_pubsub, check_store, resolve_core, resolve_leases
+from signals._run import Reducer, Run, RunInfo
 from signals._streams import StreamsMixin
+from signals.kit._capabilities import Notice, RuntimeInfo
+from signals.kit._core import InboxEntry, Limits, Overflow, SignalCore, run_runtime
+from signals.kit._derived import TOPIC_PREFIX
+from signals.kit._store import KitStore
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -72,6 +70,7 @@ logger = get_logger("signals")
 
 _IF_ACTIVE = ("deliver", "queue", "interrupt", "discard", "reject")
 _IF_IDLE = ("wake", "enqueue", "discard")
+_OVERFLOW: tuple[Overflow, ...] = ("reject", "drop_oldest")
 
 
 class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManagerMixin):
@@ -85,18 +84,25 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
 
     * Leases: ``leases=`` or, by structural detection, the pub/sub's provider
       (:func:`leases.resolve_lease_provider`), falling back to the no-op provider.
-    * Store: ``inbox=`` or :func:`resolve_signal_store`. Every accepted signal is in the store
-      before ``send`` returns and stays there until a run acknowledges it.
+    * Store: ``inbox=`` (a :class:`~signals.kit.SignalCore`) or :func:`resolve_signal_store`.
+      Every accepted signal is in the store before ``send`` returns and stays there until a
+      run acknowledges it. What the core lacks (notices, registry, streams, fused calls) is
+      derived from the leases and the pub/sub (:class:`~signals.kit.KitStore`).
     * One :class:`~leases.LeaseHeartbeat` per runtime keeps every lease alive; a lost lease
       cancels its run before anyone else can own the thread. Queued work goes to the next run
-      with ``transfer_lease``; the thread is released only when its inbox is empty.
-    * ``max_attempts``: a signal whose runs failed that many times goes to the thread's dead
-      letters. ``run_timeout_ms``: a run that takes longer is cancelled (default: no limit).
-      ``max_signal_bytes``: the largest encoded signal, result or stream part (1 MiB).
-      ``max_concurrent_runs``: a full process starts no new run; the signal stays queued for
-      another worker or for recovery (default: no limit).
+      with ``transfer_lease``; the thread is released only when no work is ready.
+    * ``max_attempts``: a signal handed to that many runs that did not acknowledge it goes to
+      the thread's dead letters. ``run_timeout_ms``: a run that takes longer is cancelled
+      (default: no limit). ``max_signal_bytes``: the largest encoded signal, result or stream
+      part (1 MiB). ``max_concurrent_runs``: a full process starts no new run; the signal
+      stays queued for another worker or for recovery (default: no limit).
+    * ``reducers``: ``{lane: fn}``, where ``fn(signals) -> payload`` folds the pending signals
+      of a ``coalesce`` lane into one at hand-out. ``max_pending_per_thread`` and
+      ``overflow`` (``reject`` or ``drop_oldest``): a cap on the signals accepted and not yet
+      acknowledged per thread (default: no cap). See docs/dispositions.md.
     * Every ``recover_interval_ms`` (default: the lease TTL) the runtime takes over threads
-      whose owner died (found through the runtime registry) and ownerless threads with work.
+      whose owner died and ownerless threads with work; its timer also wakes at the next due
+      time of a delayed signal.
 
     Use as ``async with SignalRuntime(...) as runtime``. Leaving waits for active runs to
     finish (at most ``shutdown_timeout_ms``, default: no limit); a cancellation while leaving,
@@ -109,7 +115,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         pubsub: PubSub,
         agent: Agent | None,
         leases: LeaseProvider | None = None,
-        inbox: SignalStore | None = None,
+        inbox: SignalCore | None = None,
         lease_ttl_ms: int = 15_000,
         idle_wait_ms: int = 0,
         recover_interval_ms: int | None = None,
@@ -119,6 +125,9 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         max_signal_bytes: int = DEFAULT_MAX_SIGNAL_BYTES,
         max_concurrent_runs: int | None = None,
         shutdown_timeout_ms: int | None = None,
+        reducers: Mapping[str, Reducer] | None = None,
+        max_pending_per_thread: int | None = None,
+        overflow: Overflow = "reject",
     ) -> None:
         check_pubsub(pubsub)
         check_agent(agent)
@@ -134,6 +143,11 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self.max_concurrent_runs = check_optional_int("max_concurrent_runs", max_concurrent_runs)
         self.shutdown_timeout_ms = check_optional_int("shutdown_timeout_ms", shutdown_timeout_ms,
                                                       minimum=0)
+        self.reducers = _check_reducers(reducers)
+        self.limits = Limits(
+            check_optional_int("max_pending_per_thread", max_pending_per_thread),
+            check_choice("overflow", overflow, _OVERFLOW),
+        )
         if runtime_id is not None:
             check_identifier("runtime_id", runtime_id)
             if "/" in runtime_id:
@@ -142,8 +156,8 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self.pubsub = pubsub
         self.agent = agent
         self.leases: LeaseProvider = resolve_leases(pubsub, leases)
-        self.inbox: SignalStore = (
-            check_store(inbox) if inbox is not None else resolve_signal_store(pubsub, self.leases)
+        self.store: SignalCore = (
+            check_store(inbox) if inbox is not None else resolve_core(pubsub, self.leases)
         )
         self._log: Logger = logger.bind(runtime_id=self.runtime_id)
         self._chains: dict[str, Chain] = {}
@@ -151,16 +165,12 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self._lost: set[str] = set()  # threads whose lease was lost, to index by recovery
         self._changed: anyio.Event | None = None
         self._work: WakeQueue[str | None] = WakeQueue()
+        self._next_due: float | None = None  # Unix time the timer wakes at
         self._tg: TaskGroup | None = None
-        self._backend: Backend | None = None
+        self._kit: KitStore | None = None
         self._settings: ChainSettings | None = None
         self._closed = False
         self._run_seq = 0
-
-    @property
-    def store(self) -> SignalStore:
-        """The store (the same object as ``inbox``)."""
-        return self.inbox
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -174,24 +184,25 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
                 heartbeat = await stack.enter_async_context(
                     LeaseHeartbeat(self.leases, self.lease_ttl_ms, on_lost=self._on_lease_lost)
                 )
-            backend = self._backend = Backend(
-                self.inbox, self.leases, heartbeat, self.runtime_id, self._new_run_id
+            kit = self._kit = KitStore(
+                self.store, self.leases, self.pubsub, prefix=TOPIC_PREFIX,
+                runtime_id=self.runtime_id, heartbeat=heartbeat, new_run_id=self._new_run_id,
             )
             if self.agent is not None:
                 self._settings = ChainSettings(
-                    agent=self.agent, backend=backend, idle_wait_s=self.idle_wait_ms / 1000,
+                    agent=self.agent, store=kit, idle_wait_s=self.idle_wait_ms / 1000,
                     max_attempts=self.max_attempts, max_bytes=self.max_signal_bytes,
                     run_timeout_s=(
                         None if self.run_timeout_ms is None else self.run_timeout_ms / 1000
                     ),
-                    log=self._log,
+                    reducers=self.reducers, log=self._log,
                 )
-                await self.inbox.register_runtime(self._info(), self.lease_ttl_ms)
+                await kit.register(self._info(), self.lease_ttl_ms)
                 stack.push_async_callback(self._unregister)
             tg = await stack.enter_async_context(owned_task_group())
             if self.agent is not None:
                 await stack.enter_async_context(
-                    self.inbox.listen(self.runtime_id, self._on_notice, worker=True)
+                    kit.listen(self.runtime_id, self._on_notice, worker=True)
                 )
                 tg.start_soon(self._recovery_loop, name="signals recovery")
             self._tg = tg
@@ -211,9 +222,10 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
                            worker=True)
 
     async def _unregister(self) -> None:
+        assert self._kit is not None
         with anyio.CancelScope(shield=True), anyio.move_on_after(2):
             try:
-                await self.inbox.unregister_runtime(self.runtime_id)
+                await self._kit.registry.unregister_runtime(self.runtime_id)
             except Exception as exc:
                 self._log.warning("signals.unregister_failed", error=repr(exc))
 
@@ -240,6 +252,11 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         if self._tg is None or self._closed:
             raise ClosedError("enter the runtime first: `async with SignalRuntime(...) as runtime`")
         return self._tg
+
+    def _kit_open(self) -> KitStore:
+        self._require_open()
+        assert self._kit is not None
+        return self._kit
 
     # -- public API ------------------------------------------------------------------------
 
@@ -271,22 +288,29 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         *,
         if_active: IfActive = "deliver",
         if_idle: IfIdle = "wake",
+        delay_ms: int | None = None,
+        expires_in_ms: int | None = None,
     ) -> Delivery:
         """Accept ``signal`` for ``thread_key`` and route it; see :class:`Delivery` outcomes.
 
         A value that is not a :class:`Signal` becomes the payload of a new ``user`` signal.
+        ``delay_ms`` sets its ``not_before`` that far from now, ``expires_in_ms`` its
+        ``expires_at``.
 
         * Active thread (a run here, or a lease owner elsewhere): ``if_active`` decides:
           ``deliver`` (to the active run), ``queue`` (for a run of its own after the active
           one), ``interrupt`` (cancel the active run at its next checkpoint; a new run gets
-          its unacknowledged signals and this one, in order, with ``Run.interrupted`` set),
+          its unacknowledged signals and this one, with ``Run.interrupted`` set),
           ``discard`` or ``reject`` (nothing stored).
         * Idle thread: ``wake`` starts a run in this process if it wins the lease (``wake``;
           a sender-only or full runtime leaves it ``queued`` for a worker), ``enqueue`` stores
           it and notifies the workers without running it here (``queued``), ``discard`` drops
           it.
         * A signal id already accepted for this thread is a duplicate: nothing is stored or
-          started (``discarded``, ``duplicate=True``, ``receipt`` = the original's).
+          started (``discarded``, ``duplicate=True``, ``receipt`` = the original's). Then, in
+          order: ``unchanged`` (its lane's last signal had the same ``cache_key``), the lane's
+          ``supersede``, and the pending cap (``rejected`` with a ``reason``, or the oldest
+          ``dropped``). A signal with a ``not_before`` in the future is ``scheduled``.
 
         Returns once the signal is stored and the owner (or the workers) told; a sender can
         exit right after. Backend errors propagate (never read as "idle").
@@ -296,10 +320,16 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             signal = Signal(payload=signal)
         check_choice("if_active", if_active, _IF_ACTIVE)
         check_choice("if_idle", if_idle, _IF_IDLE)
+        signal = self._timed(signal, delay_ms, expires_in_ms)
+        if (signal.merge == "coalesce" and signal.lane is not None
+                and signal.lane not in self.reducers):
+            raise ValueError(
+                f"signal {signal.id!r} has merge='coalesce' on lane {signal.lane!r}, and this "
+                f"runtime has no reducer for it: pass reducers={{{signal.lane!r}: fn}} to "
+                f"SignalRuntime (every runtime that runs the thread needs it)"
+            )
         signal.encode(self.max_signal_bytes)  # SignalTooLargeError before anything is written
-        self._require_open()
-        backend = self._backend
-        assert backend is not None
+        kit = self._kit_open()
         log = self._log.bind(key=thread_key, signal_id=signal.id)
         chain = self._chains.get(thread_key)
         if if_active in ("discard", "reject") or if_idle == "discard":
@@ -307,10 +337,12 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             if owner is not None and if_active in ("discard", "reject"):
                 outcome: Outcome = "discarded" if if_active == "discard" else "rejected"
                 log.info("signal.refused", outcome=outcome, owner=owner)
-                return Delivery(outcome, signal.id, thread_key, owner)
+                return Delivery(outcome, signal.id, thread_key, owner,
+                                reason=f"the thread is active (if_active={if_active!r})")
             if owner is None and if_idle == "discard":
                 log.info("signal.refused", outcome="discarded", reason="idle")
-                return Delivery("discarded", signal.id, thread_key)
+                return Delivery("discarded", signal.id, thread_key,
+                                reason="the thread is idle (if_idle='discard')")
         mode: EntryMode = "queue" if if_active == "queue" else "deliver"
         local = chain is not None or thread_key in self._starting
         full = self._full()
@@ -318,31 +350,42 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         if claim:
             self._starting.add(thread_key)
         try:
-            routed, lease = await backend.route(
-                thread_key, signal, mode, claim=claim, wake_workers=not local
-            )
+            routed, lease = await kit.route(thread_key, signal, mode, claim=claim,
+                                            wake_workers=not local, limits=self.limits)
             if lease is not None:
                 self._start_chain(lease)
         finally:
             self._starting.discard(thread_key)
-        if not routed.fresh:
+        accepted = routed.accepted
+        if accepted.outcome == "duplicate":
             log.info("signal.duplicate", owner=routed.owner,
-                     status=routed.receipt.status if routed.receipt else None)
+                     status=accepted.receipt.status if accepted.receipt else None)
             return Delivery("discarded", signal.id, thread_key, routed.owner, duplicate=True,
-                            receipt=routed.receipt)
+                            receipt=accepted.receipt)
+        if accepted.outcome in ("unchanged", "rejected"):
+            log.info("signal.refused", outcome=accepted.outcome, reason=accepted.reason)
+            return Delivery(accepted.outcome, signal.id, thread_key, routed.owner,
+                            reason=accepted.reason)
         if lease is not None:
             log.info("signal.accepted", outcome="wake", run_id=lease.owner, token=lease.token)
-            return Delivery("wake", signal.id, thread_key, lease.owner)
+            return Delivery("wake", signal.id, thread_key, lease.owner,
+                            superseded=accepted.superseded, dropped=accepted.dropped)
         owner = routed.owner
         chain = self._chains.get(thread_key)
+        if accepted.due_at is not None:
+            if accepted.due_at > unix_now():
+                self._due_hint(accepted.due_at)
+            log.info("signal.accepted", outcome="scheduled", run_id=owner)
+            return Delivery("scheduled", signal.id, thread_key, owner,
+                            superseded=accepted.superseded, dropped=accepted.dropped)
         if if_active == "interrupt" and owner is not None:
             if chain is not None and chain.run_id == owner:
                 chain.cancel_run("interrupt", owner)
             else:
-                await backend.abort(thread_key, owner, reason="interrupt", clear=False)
-        if chain is not None and routed.carried and routed.entry_id is not None:
-            carried = InboxEntry(routed.entry_id, signal.evolve(attempt=1, mode="deliver"),
-                                 "deliver", 1, len(signal.encode()), delivered=1)
+                await kit.abort(thread_key, owner, reason="interrupt", clear=False)
+        if chain is not None and routed.carried and accepted.entry_id is not None:
+            carried = InboxEntry(accepted.entry_id, signal.evolve(attempt=1, mode="deliver"),
+                                 "deliver", 1, len(signal.encode()), "carried", owner)
             chain.offer(carried, owner)
         elif chain is not None and (owner is None or run_runtime(owner) == self.runtime_id):
             chain.doorbell.ring()
@@ -351,7 +394,48 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         outcome = "queued" if mode == "queue" or owner is None else "deliver"
         backpressure = full and if_idle == "wake" and owner is None and self.agent is not None
         log.info("signal.accepted", outcome=outcome, run_id=owner, backpressure=backpressure)
-        return Delivery(outcome, signal.id, thread_key, owner, backpressure=backpressure)
+        return Delivery(outcome, signal.id, thread_key, owner, backpressure=backpressure,
+                        superseded=accepted.superseded, dropped=accepted.dropped)
+
+    @staticmethod
+    def _timed(signal: Signal, delay_ms: int | None, expires_in_ms: int | None) -> Signal:
+        """``signal`` with the ``send`` shorthands for ``not_before`` and ``expires_at``."""
+        changes: dict[str, float] = {}
+        now = unix_now()
+        if check_optional_int("delay_ms", delay_ms, minimum=0) is not None:
+            changes["not_before"] = now + delay_ms / 1000  # type: ignore[operator]
+        if check_optional_int("expires_in_ms", expires_in_ms) is not None:
+            changes["expires_at"] = now + expires_in_ms / 1000  # type: ignore[operator]
+        return signal.replace(**changes) if changes else signal
+
+    async def pause(self, thread_key: str) -> bool:
+        """Pause ``thread_key``, durably and for every process: it keeps accepting signals,
+        no run starts, and an active run is handed no further signal (the one in hand
+        finishes). Returns whether it was paused already."""
+        check_identifier("thread key", thread_key)
+        kit = self._kit_open()
+        was = await kit.core.pause(thread_key, True)
+        chain = self._chains.get(thread_key)
+        if chain is not None:
+            chain.pause()
+        owner = await self.leases.get_lease_owner(thread_key)
+        if owner is not None and run_runtime(owner) != self.runtime_id:
+            await kit.notify(run_runtime(owner), Notice("pause", thread_key, owner))
+        return was
+
+    async def resume(self, thread_key: str) -> bool:
+        """Resume a paused thread: its signals go on in order (a worker takes it at once).
+        Returns whether it was paused."""
+        check_identifier("thread key", thread_key)
+        kit = self._kit_open()
+        was = await kit.core.pause(thread_key, False)
+        if was:
+            chain = self._chains.get(thread_key)
+            if chain is not None:
+                chain.doorbell.ring()
+            else:
+                await kit.notify(None, Notice("work", thread_key))
+        return was
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -370,8 +454,8 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         if self._chains.get(chain.thread_key) is chain:
             del self._chains[chain.thread_key]
         if chain.lease.lost and not self._closed:
-            # The thread may still have work and nobody points at it but our registry entry
-            # (we are alive): index it for any worker, and try to take it back here.
+            # The thread may still have work: index it for any worker, and try to take it
+            # back here.
             self._lost.add(chain.thread_key)
             self._work.put(chain.thread_key)
         if self._changed is not None:
@@ -396,11 +480,31 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
                 chain.offer(notice.entry, notice.run_id)
             elif chain is not None:
                 chain.doorbell.ring()
+            else:
+                self._work.put(notice.thread_key)  # not ours (any more): maybe nobody's
         elif notice.kind == "work":
             if chain is None:
                 self._work.put(notice.thread_key)
+        elif notice.kind == "due":
+            with contextlib.suppress(ValueError):
+                self._due_hint(float(notice.reason or ""))
+        elif notice.kind == "pause" and chain is not None:
+            chain.pause()
         elif notice.kind == "abort" and chain is not None:
             chain.cancel_run(_abort_reason(notice.reason), notice.run_id)
+
+
+def _check_reducers(reducers: Mapping[str, Reducer] | None) -> dict[str, Reducer]:
+    if reducers is None:
+        return {}
+    if not isinstance(reducers, Mapping):
+        raise TypeError(f"reducers must be a dict of lane -> function, got "
+                        f"{type(reducers).__name__}")
+    for lane, fn in reducers.items():
+        check_identifier("reducers lane", lane)
+        if not callable(fn):
+            raise TypeError(f"reducers[{lane!r}] must be a function taking a list of signals")
+    return dict(reducers)
 
 
 def _abort_reason(reason: str | None) -> str:

@@ -20,23 +20,29 @@ from signals._model import Receipt, StreamPart
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup, TaskStatus
 
-    from signals._store import Follower, SignalStore
+    from signals.kit._capabilities import Follower
+    from signals.kit._core import SignalCore
+    from signals.kit._store import KitStore
 
 __all__ = ["StreamsMixin"]
 
 _PAGE = 100
 #: Stream kinds after which a signal's receipt is final.
-_FINAL_KINDS = frozenset({"signal.acked", "signal.dead_lettered", "signal.cancelled"})
+_FINAL_KINDS = frozenset({"signal.acked", "signal.dead_lettered", "signal.cancelled",
+                          "signal.superseded", "signal.expired", "signal.dropped"})
 
 
 class StreamsMixin:
     """``stream`` and ``wait_for`` (see :class:`~signals.SignalRuntime`)."""
 
-    inbox: SignalStore
+    store: SignalCore
     _follower_ready: anyio.Event | None = None
     _follower_obj: Follower | None = None
 
     def _require_open(self) -> TaskGroup:
+        raise NotImplementedError
+
+    def _kit_open(self) -> KitStore:
         raise NotImplementedError
 
     async def _follower(self) -> Follower:
@@ -51,7 +57,7 @@ class StreamsMixin:
     async def _serve_follower(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        async with self.inbox.follower() as follower:
+        async with self._kit_open().follower() as follower:
             self._follower_obj = follower
             assert self._follower_ready is not None
             self._follower_ready.set()
@@ -78,8 +84,8 @@ class StreamsMixin:
     async def wait_for(
         self, thread_key: str, signal_id: str, timeout: float | None = None
     ) -> Receipt:
-        """Wait until ``signal_id``'s receipt is final (``processed``, ``dead_lettered`` or
-        ``cancelled``) and return it; after ``timeout`` seconds return it as it is (possibly
+        """Wait until ``signal_id``'s receipt is final (anything but ``pending`` and
+        ``scheduled``) and return it; after ``timeout`` seconds return it as it is (possibly
         ``pending``). :class:`~signals.UnknownSignalError` when no such signal was accepted
         (or its receipt is past retention). Works from any process."""
         check_identifier("thread key", thread_key)
@@ -89,23 +95,32 @@ class StreamsMixin:
         # The stream's end *before* the receipt is read: a final part written after that read
         # is then seen by the follower below.
         mark = await self.stream_end(thread_key)
-        receipt = await self.inbox.receipt(thread_key, signal_id)
+        receipt = await self.store.receipt(thread_key, signal_id)
         if receipt is None:
             raise UnknownSignalError(f"no signal {signal_id!r} was accepted for {thread_key!r}")
         if receipt.done:
             return receipt
         with anyio.move_on_after(float("inf") if limit is None else limit):
-            async for part in self.stream(thread_key, after=mark):
-                if part.signal_id == signal_id and part.kind in _FINAL_KINDS:
-                    break
-        final = await self.inbox.receipt(thread_key, signal_id)
+            if self._kit_open().native_streams:
+                async for part in self.stream(thread_key, after=mark):
+                    if part.signal_id == signal_id and part.kind in _FINAL_KINDS:
+                        break
+            else:  # no stream to follow: look at the receipt now and then
+                pause = 0.05
+                latest: Receipt | None = receipt
+                while latest is not None and not latest.done:
+                    await anyio.sleep(pause)
+                    pause = min(1.0, pause * 2)
+                    latest = await self.store.receipt(thread_key, signal_id)
+        final = await self.store.receipt(thread_key, signal_id)
         return final if final is not None else receipt
 
     async def stream_end(self, thread_key: str) -> str | None:
         """The cursor of the newest part of ``thread_key``'s stream (``None``: empty). Pass it
         as ``stream(after=...)`` to follow only what is written from now on."""
         check_identifier("thread key", thread_key)
-        return await self.inbox.stream_tail(thread_key)
+        tail: str | None = await self._kit_open().streams.stream_tail(thread_key)
+        return tail
 
 
 class _PartIterator:
@@ -128,7 +143,7 @@ class _PartIterator:
     async def __anext__(self) -> StreamPart:
         while not self._buffer:
             if self._read_next or not self._follow:
-                parts = await self._runtime.inbox.stream_read(
+                parts = await self._runtime._kit_open().streams.stream_read(
                     self._thread_key, after=self._cursor, limit=_PAGE
                 )
                 self._read_next = len(parts) == _PAGE

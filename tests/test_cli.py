@@ -18,8 +18,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from leases import RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
-from signals import EntryMode, PartIn, RedisSignalStore, Run, Signal, SignalRuntime
+from signals import EntryMode, RedisSignalStore, Run, Signal, SignalRuntime
 from signals.cli._main import Prefixes, _redact, main
+from signals.kit import PartIn, RunRef
 from tests._cli import ROOT, cli
 from tests._redis_server import RedisServer, free_port
 
@@ -205,9 +206,10 @@ async def test_receipt_and_dead_letters(
 ) -> None:
     _, store = parts
     await store.accept("t", Signal("x", id="poison"), "deliver")
-    [entry] = await store.read("t")
-    await store.note_failure("t", ["poison"], "ValueError: nope")
-    assert await store.deliver("t", entry.entry_id, "poison", "r1/1", max_attempts=0) == -1
+    assert (await store.take("t", RunRef("r1/1", None), max_attempts=5, first=True)).entries
+    await store.settle("t", RunRef("r1/1", None), failed=["poison"], error="ValueError: nope")
+    taken = await store.take("t", RunRef("r2/1", None), max_attempts=1, first=True)
+    assert taken.dead == ("poison",)
     base = ["--redis-url", redis_url, "--key-prefix", key_prefix]
     receipt = cli("receipt", "t", "poison", *base, "--json")
     assert receipt.returncode == 0, receipt.stderr
@@ -218,9 +220,9 @@ async def test_receipt_and_dead_letters(
     assert rows == [("poison", "ValueError: nope")]
     retried = json.loads(cli("dead-letters", "t", "--retry", "poison", *base, "--json").stdout)
     assert retried["retried"] == ["poison"] and retried["dead_letters"] == []
-    assert await store.pending_count("t") == 1
-    assert await store.deliver("t", (await store.read("t"))[0].entry_id, "poison", "r2/1",
-                               max_attempts=0) == -1
+    assert (await store.describe(["t"]))["t"].pending == 1
+    taken = await store.take("t", RunRef("r3/1", None), max_attempts=0, first=True)
+    assert taken.dead == ("poison",)
     purged = cli("dead-letters", "t", "--purge", *base)
     assert purged.returncode == 0 and "purged: 1" in purged.stdout
 
@@ -304,8 +306,9 @@ async def test_pending_lists_modes_and_attempts(
     base = ["--redis-url", redis_url, "--key-prefix", key_prefix]
     await store.accept("t", Signal({"n": 1}, id="first"), "deliver")
     await store.accept("t", Signal({"n": 2}, type="system", id="second"), "queue")
-    [entry, _] = await store.read("t")
-    assert await store.deliver("t", entry.entry_id, "first", "rt-x/1", max_attempts=5) == 1
+    [first] = (await store.take("t", RunRef("rt-x/1", None), max_attempts=5,
+                                first=True)).entries
+    assert first.signal.id == "first" and first.attempts == 1
 
     raw = cli("pending", "t", "--json", *base)
     assert raw.returncode == 0, raw.stderr
@@ -348,7 +351,7 @@ async def test_cancel_queued_and_unknown_ids(
         none = cli("cancel", "t", *ids, *base)
         assert none.returncode == 3, none
         assert none.stdout == "" and len(none.stderr.splitlines()) == 1
-    assert [e.signal.id for e in await store.read("t")] == ["q3"]
+    assert [e.signal.id for e in await store.entries("t")] == ["q3"]
 
 
 async def test_abort_a_live_run_in_a_worker(redis_url: str, key_prefix: str) -> None:

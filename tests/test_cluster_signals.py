@@ -13,15 +13,15 @@ import pytest
 
 from leases import RedisLeaseProvider
 from signals import RedisSignalStore, Signal
-from signals._store import Ack
-from signals.testing import SignalStoreConformance
+from signals.kit import Ack, RunRef
+from signals.testing import SignalBackendConformance
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster]
 
 
-class TestClusterSignalStore(SignalStoreConformance):
+class TestClusterSignalStore(SignalBackendConformance):
     @pytest.fixture
-    async def store(self, cluster_url: str, key_prefix: str) -> AsyncIterator[RedisSignalStore]:
+    async def core(self, cluster_url: str, key_prefix: str) -> AsyncIterator[RedisSignalStore]:
         store = RedisSignalStore(url=cluster_url, cluster=True, key_prefix=f"{key_prefix}:s")
         store.leases = RedisLeaseProvider(client=store.client, key_prefix=f"{key_prefix}:lease")
         try:
@@ -30,12 +30,12 @@ class TestClusterSignalStore(SignalStoreConformance):
             await store.aclose()
 
     @pytest.fixture
-    def leases(self, store: RedisSignalStore) -> Any:
-        return store.leases
+    def leases(self, core: RedisSignalStore) -> Any:
+        return core.leases
 
     @pytest.fixture
-    def small_store(self, store: RedisSignalStore, key_prefix: str) -> RedisSignalStore:
-        return RedisSignalStore(client=store.client, key_prefix=f"{key_prefix}:small",
+    def small_core(self, core: RedisSignalStore, key_prefix: str) -> RedisSignalStore:
+        return RedisSignalStore(client=core.client, key_prefix=f"{key_prefix}:small",
                                 stream_max_parts=5)
 
 
@@ -47,8 +47,8 @@ async def _wait_calls(client: Any) -> int:
 async def test_wait_replicas_confirms_every_scripted_write(
     cluster_url: str, key_prefix: str
 ) -> None:
-    """``wait_replicas=1``: accept, delivery and ack each end with one WAIT on the thread's
-    master (and succeed: every master has a replica)."""
+    """``wait_replicas=1``: accept, take and ack (settle) each end with one WAIT on the
+    thread's master (and succeed: every master has a replica)."""
     store = RedisSignalStore(url=cluster_url, cluster=True, key_prefix=f"{key_prefix}:w",
                              wait_replicas=1)
     try:
@@ -58,8 +58,9 @@ async def test_wait_replicas_confirms_every_scripted_write(
             before = await _wait_calls(store.client)
             accepted = await store.accept("t", Signal("hello", id=sid), "deliver")
             assert accepted.fresh
-            [entry] = await store.read("t", deliver_to="run-1")
-            assert await store.ack("t", [Ack(entry.entry_id, sid, "run-1")])
+            run = RunRef("rt/run-1", None)
+            [entry] = (await store.take("t", run, max_attempts=5, first=True)).entries
+            assert await store.settle("t", run, acks=[Ack(entry.entry_id, sid)])
             waits.append(await _wait_calls(store.client) - before)
         assert waits[1] == 3, waits
         receipt = await store.receipt("t", "s1")
@@ -76,16 +77,16 @@ async def test_a_signal_left_unindexed_by_a_dead_sender_is_indexed_by_its_resend
     id again (the sender's retry) indexes the thread, so recovery finds it."""
     store = RedisSignalStore(url=cluster_url, cluster=True, key_prefix=f"{key_prefix}:i")
     try:
-        async def dies(threads: Any) -> None:
+        async def dies(*args: Any) -> None:
             raise RuntimeError("the sender died here")
 
         with monkeypatch.context() as patch:
-            patch.setattr(store, "_index", dies)
+            patch.setattr(store, "_apply_index", dies)
             with pytest.raises(RuntimeError, match="died"):
                 await store.accept("t", Signal("hello", id="s1"), "queue")
-        assert "t" not in await store.pending_threads()
+        assert "t" not in (await store.due(limit=1000)).threads
         again = await store.accept("t", Signal("hello", id="s1"), "queue")
         assert not again.fresh
-        assert "t" in await store.pending_threads()
+        assert "t" in (await store.due(limit=1000)).threads
     finally:
         await store.aclose()

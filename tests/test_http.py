@@ -24,9 +24,10 @@ import uvicorn
 from starlette.requests import Request
 
 from pubsub import RedisStreamsPubSub
-from signals import PartIn, RedisSignalStore, Run, SignalRuntime
+from signals import RedisSignalStore, Run, SignalRuntime
 from signals.http import Action, SignalsApp, create_app
 from signals.http._auth import is_loopback_host, is_loopback_ip
+from signals.kit import PartIn
 from tests._redis_server import RedisServer
 
 # -- the fake agent ------------------------------------------------------------------------

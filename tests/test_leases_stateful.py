@@ -4,7 +4,11 @@ against the reference model in ``tests/_lease_model.py``.
 * the sync core (``LeaseTable``) with a manual clock: large budget, exact predictions;
 * ``InMemoryLeaseProvider`` through a blocking portal, on asyncio and on trio;
 * ``RedisLeaseProvider`` on the real server with real short TTLs (small budget; answers near
-  an expiry are accepted either way and then pin the model down).
+  an expiry are accepted either way and then pin the model down);
+* ``SQLiteLeaseProvider`` on a real file, on asyncio and trio: with a manual clock under the
+  database (exact predictions), and with the host clock and real short TTLs (small budget).
+  Its tokens come from one counter for all keys, so the machine maps them to per-key grant
+  numbers for the model (``GlobalTokens``), checking that they strictly increase.
 
 Invariants after every step: the provider's ``(owner, token)`` view matches the model, tokens
 of successive grants strictly increase per key, at most one owner per key (by construction of
@@ -14,8 +18,11 @@ the view), and non-owner operations fail (every answer is checked against the mo
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
@@ -24,10 +31,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from leases import InMemoryLeaseProvider, RedisLeaseProvider
+from _signal_leases.sql.sqlite import SQLiteDatabase
+from leases import AcquireResult, InMemoryLeaseProvider, RedisLeaseProvider, SQLiteLeaseProvider
 from leases._backends.memory import LeaseTable
 from leases.testing import ManualClock
 from tests._lease_model import LeaseModel, Op
+from tests.test_leases_sqlite import ManualClockDatabase
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -242,6 +251,104 @@ def test_redis_provider_state_machine(redis_url: str) -> None:
         machine,
         settings=settings(
             max_examples=25,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+
+
+class GlobalTokens(LeaseMachine):
+    """For a provider whose tokens come from one counter for all keys: each token is checked to
+    be greater than every token seen before (of any key), then shown to the model as the
+    per-key grant number the model expects for it, each number standing for one token only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numbers: dict[str, dict[int, int]] = {}  # key -> token -> grant number
+        self.top = 0  # the greatest token seen
+
+    def number(self, key: str, token: int, expected: int) -> int:
+        numbers = self.numbers.setdefault(key, {})
+        if token in numbers:
+            return numbers[token]
+        assert expected not in numbers.values(), f"{key}: new token {token}, expected the old one"
+        assert token > self.top, f"{key}: token {token} after {self.top}"
+        numbers[token], self.top = expected, token
+        return expected
+
+    def invoke(self, op: Op, key: str, args: tuple[Any, ...]) -> object:
+        answer = super().invoke(op, key, args)
+        fresh = self.model.fence.get(key, 0) + 1
+        if op == "acquire" and isinstance(answer, AcquireResult) and answer.token is not None:
+            number = self.number(key, answer.token, fresh)
+            return AcquireResult(answer.acquired, answer.owner, number)
+        if op == "info" and isinstance(answer, tuple):
+            lease = self.model.leases.get(key)
+            return answer[0], self.number(key, answer[1], lease.token if lease else fresh)
+        return answer
+
+
+class SQLiteMachine(GlobalTokens, PortalMachine):
+    """The real host clock (the database's clock is ``time.monotonic()`` in ms, truncated)."""
+
+    TTLS_MS = (15, 30, 60, 200, 60_000)
+    STEPS_MS = (0, 5, 20, 40, 70)
+    SLACK_S = 0.002
+
+    async def make_provider(self) -> LeaseProvider:
+        self.folder = tempfile.mkdtemp(prefix="leases-sqlite-")
+        self.database = self.open_database(Path(self.folder) / "leases.db")
+        return SQLiteLeaseProvider(database=self.database)
+
+    def open_database(self, path: Path) -> SQLiteDatabase:
+        return SQLiteDatabase(path)
+
+    async def close_provider(self) -> None:
+        await self.database.aclose()
+        shutil.rmtree(self.folder)
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, ms: int) -> None:
+        time.sleep(ms / 1000)
+
+
+class SQLiteManualClockMachine(SQLiteMachine):
+    """Exact time: the machine moves the database's clock. Every time is a multiple of 125 ms,
+    so the model's float seconds are exact (k/8) and even the expiry instant is predicted."""
+
+    TTLS_MS = (125, 250, 375, 500, 1000)
+    STEPS_MS = (0, 125, 250, 375, 625)
+    SLACK_S = 0.0
+
+    def open_database(self, path: Path) -> SQLiteDatabase:
+        self.clock = ManualClockDatabase(path)
+        return self.clock
+
+    def now(self) -> float:
+        return self.clock.ms / 1000
+
+    def sleep(self, ms: int) -> None:
+        self.clock.ms += ms
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sqlite_provider_state_machine_manual_clock(backend: str) -> None:
+    machine = type(f"SQLiteManual_{backend}", (SQLiteManualClockMachine,), {"backend": backend})
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=40, stateful_step_count=30, deadline=None)
+    )
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sqlite_provider_state_machine_host_clock(backend: str) -> None:
+    machine = type(f"SQLiteHost_{backend}", (SQLiteMachine,), {"backend": backend})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=10,
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

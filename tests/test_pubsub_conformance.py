@@ -1,4 +1,4 @@
-"""The pub/sub conformance suite against both built-in backends (Redis on asyncio only).
+"""The pub/sub conformance suite against the built-in backends (Redis on asyncio only).
 
 The Redis class needs ``pubsub.RedisStreamsPubSub``: locally it is skipped when the class is not
 importable; with ``CI=true`` a missing class fails instead.
@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import pubsub
-from pubsub import InMemoryPubSub, PubSub
+from pubsub import InMemoryPubSub, PubSub, SQLitePubSub
 from pubsub.testing import PubSubConformance
 
 pytestmark = pytest.mark.anyio
@@ -54,4 +55,14 @@ class TestRedisStreamsPubSub(PubSubConformance):
             block_ms=100,
         )
         async with backend:
+            yield backend
+
+
+class TestSQLitePubSub(PubSubConformance):
+    """One file on one host; asyncio and trio (the database runs in worker threads)."""
+
+    @pytest.fixture
+    async def pubsub(self, tmp_path: Path) -> AsyncIterator[PubSub]:
+        async with SQLitePubSub(tmp_path / "pubsub.db", poll_ms=200,
+                                max_delivery_attempts=self.max_delivery_attempts) as backend:
             yield backend

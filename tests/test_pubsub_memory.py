@@ -278,8 +278,11 @@ async def test_it_owns_one_in_memory_lease_provider() -> None:
     assert isinstance(provider, leases.InMemoryLeaseProvider)
     assert ps.get_lease_provider() is provider
     assert leases.resolve_lease_provider(ps) is provider
-    assert not leases.is_lease_provider(ps)
+    assert leases.is_lease_provider(ps)  # a first-party pub/sub is its own provider
     assert InMemoryPubSub().get_lease_provider() is not provider
     first = await provider.acquire_lease("thread", "runtime-a", 5000)
     second = await leases.resolve_lease_provider(ps).acquire_lease("thread", "runtime-b", 5000)
     assert first.acquired and not second.acquired and second.owner == "runtime-a"
+    third = await ps.acquire_lease("thread", "runtime-c", 5000)  # the same leases, through it
+    assert not third.acquired and third.owner == "runtime-a"
+    assert await ps.get_lease_owner("thread") == "runtime-a"

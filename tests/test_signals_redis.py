@@ -201,7 +201,7 @@ async def test_lost_session_on_redis_cancels_the_run(redis_url: str, key_prefix:
                     await runtime.wait_idle()
         store = RedisSignalStore(client=pubsub.redis_client, key_prefix=f"{key_prefix}:signals")
         # The in-flight signal was not processed: it stays for the next owner.
-        assert await store.pending_count("t") == 1
+        assert (await store.describe(["t"]))["t"].pending == 1
     events = [entry["event"] for entry in logs]
     assert "lease.lost" in events
     assert "run.cancelled" in events
@@ -217,9 +217,9 @@ async def test_runtime_takes_leases_and_inbox_from_the_redis_pubsub(
     async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub:
         runtime = SignalRuntime(pubsub=pubsub, agent=agent)
         assert runtime.leases is pubsub.get_lease_provider()
-        assert isinstance(runtime.inbox, RedisSignalStore)
-        assert runtime.inbox.key_prefix == f"{key_prefix}:signals"
-        assert runtime.inbox.fuses_with(runtime.leases)
+        assert isinstance(runtime.store, RedisSignalStore)
+        assert runtime.store.key_prefix == f"{key_prefix}:signals"
+        assert runtime.store.fuses_with(runtime.leases)
 
 
 async def test_unreachable_redis_is_a_clear_error() -> None:

@@ -16,11 +16,11 @@ from signals import (
     InMemorySignalStore,
     RedisSignalStore,
     Run,
-    RuntimeInfo,
     Signal,
     SignalRuntime,
 )
-from signals.testing import RecordingSignalStore
+from signals.kit import RuntimeInfo
+from signals.testing import RecordingCore
 
 pytestmark = pytest.mark.anyio
 
@@ -65,12 +65,13 @@ async def test_recovery_finds_a_dead_thread_among_a_thousand_busy_ones(
                 assert (await runtime.send(f"busy-{n}", n)).outcome == "wake"
             # A runtime that died owning "orphan" (which has a pending signal): its presence
             # lapses and its lease is gone, nothing but the registry points at the thread.
-            store = runtime.inbox
+            store = runtime.store
+            assert isinstance(store, RedisSignalStore)
             ghost = "rt-ghost"
             await store.register_runtime(RuntimeInfo(ghost, "h", 1, time.time(), True), 200)
             await store.track_threads(ghost, add=["orphan"])
             await store.accept("orphan", Signal("left behind"), "deliver")
-            await store.unindex("orphan")
+            await store.client.zrem(store.keys.pending_shard("orphan"), "orphan")
             started = anyio.current_time()
             with anyio.fail_after(20):
                 await recovered.wait()
@@ -84,8 +85,8 @@ async def test_recovery_finds_a_dead_thread_among_a_thousand_busy_ones(
 async def test_large_signals_never_stall_the_loop(
     anyio_backend: str, redis_url: str, key_prefix: str
 ) -> None:
-    """48 signals of 4 MB each: read-ahead is bounded by bytes, so decoding never blocks
-    the event loop for long (the old reader decoded the whole batch in one step)."""
+    """48 signals of 4 MB each: a run takes one at a time, so decoding never blocks the event
+    loop for long."""
     probe = LagProbe()
     big = "x" * (4 << 20)
     done = anyio.Event()
@@ -117,11 +118,11 @@ async def test_large_signals_never_stall_the_loop(
 
 
 async def test_a_routed_signal_costs_two_backend_calls() -> None:
-    """Steady state, the owner waiting: the sender's route (which also delivers the signal to
-    the owner's run and carries it in the notice) and the owner's ack. No read, no lease
+    """Steady state, the owner waiting: the sender's route (which also carries the signal to
+    the owner's run in the notice) and the owner's ack (a ``settle``). No take, no lease
     call."""
     leases = InMemoryLeaseProvider()
-    store = RecordingSignalStore(InMemorySignalStore(leases=leases))
+    store = RecordingCore(InMemorySignalStore(leases=leases))
     first_done = anyio.Event()
     acked = anyio.Event()
 
@@ -149,7 +150,7 @@ async def test_a_routed_signal_costs_two_backend_calls() -> None:
             await acked.wait()
         calls = [c[0] for c in store.calls]
         assert owner.active_run("t") is not None  # the same run got it: no handoff, no claim
-    assert calls == ["route", "ack"], calls
+    assert calls == ["route", "settle"], calls
 
 
 @pytest.mark.redis

@@ -1,8 +1,10 @@
-"""Both stores run the ``signals.testing`` conformance suite, plus backend-specific checks."""
+"""The built-in cores run every ``signals.testing`` kit, plus backend-specific checks."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -15,72 +17,74 @@ from leases import (
 )
 from leases.testing import ManualClock
 from signals import InMemorySignalStore, RedisSignalStore, Signal
-from signals.testing import SignalStoreConformance
+from signals.testing import SignalBackendConformance
 
 pytestmark = pytest.mark.anyio
 
 
-class TestInMemoryStore(SignalStoreConformance):
+class TestInMemoryCore(SignalBackendConformance):
     """asyncio and trio, a manual clock, fused with an in-memory lease provider."""
 
     @pytest.fixture
     def manual_clock(self) -> ManualClock:
-        return ManualClock()
+        return ManualClock(start=time.time())
 
     @pytest.fixture
     def leases(self, manual_clock: ManualClock) -> InMemoryLeaseProvider:
         return InMemoryLeaseProvider(clock=manual_clock)
 
     @pytest.fixture
-    def store(
-        self, manual_clock: ManualClock, leases: InMemoryLeaseProvider
-    ) -> InMemorySignalStore:
-        self.now = manual_clock
+    def core(self, manual_clock: ManualClock, leases: InMemoryLeaseProvider
+             ) -> InMemorySignalStore:
+        self.clock = manual_clock
         return InMemorySignalStore(leases=leases, retention_ms=60_000, clock=manual_clock)
 
     @pytest.fixture
-    def small_store(self) -> InMemorySignalStore:
+    def small_core(self) -> InMemorySignalStore:
         return InMemorySignalStore(stream_max_parts=5)
 
-    async def advance(self, store: object, ms: int) -> None:
-        self.now.advance(ms / 1000)
+    def now(self, core: Any) -> float:
+        return self.clock()
 
-    async def expire_receipts(self, store: object) -> None:
-        self.now.advance(61)
+    async def advance(self, core: Any, ms: int) -> None:
+        self.clock.advance(ms / 1000)
+
+    async def expire_receipts(self, core: Any) -> None:
+        self.clock.advance(61)
 
 
-class TestInMemoryStoreGeneric(SignalStoreConformance):
-    """Without a lease provider: the generic (non-fused) store."""
+class TestInMemoryCoreGeneric(SignalBackendConformance):
+    """Without a lease provider: no fused calls (those checks skip), real time."""
 
     @pytest.fixture
-    def store(self) -> InMemorySignalStore:
+    def core(self) -> InMemorySignalStore:
         return InMemorySignalStore()
 
 
 @pytest.mark.redis
-class TestRedisStore(SignalStoreConformance):
+class TestRedisCore(SignalBackendConformance):
     @pytest.fixture
     async def leases(self, redis_url: str, key_prefix: str) -> AsyncIterator[RedisLeaseProvider]:
         async with RedisLeaseProvider(url=redis_url, key_prefix=f"{key_prefix}:lease") as leases:
             yield leases
 
     @pytest.fixture
-    def store(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:
+    def core(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:
         return RedisSignalStore(client=leases.client, key_prefix=f"{key_prefix}:signals",
                                 leases=leases)
 
     @pytest.fixture
-    def small_store(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:
+    def small_core(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:
         return RedisSignalStore(client=leases.client, key_prefix=f"{key_prefix}:small",
                                 stream_max_parts=5)
 
 
 @pytest.mark.redis
-class TestRedisStoreDecodedClient(SignalStoreConformance):
+class TestRedisCoreDecodedClient(SignalBackendConformance):
     """A client built with ``decode_responses=True`` (str replies) works the same."""
 
     @pytest.fixture
-    async def store(self, redis_url: str, key_prefix: str) -> AsyncIterator[RedisSignalStore]:
+    async def core(self, redis_url: str, key_prefix: str) -> AsyncIterator[RedisSignalStore]:
         client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
         try:
             yield RedisSignalStore(client=client, key_prefix=key_prefix)
@@ -102,7 +106,7 @@ async def test_unreachable_redis_is_backend_unavailable(anyio_backend: str) -> N
         with pytest.raises(BackendUnavailableError, match="send to thread"):
             await store.accept("t", Signal(1), "deliver")
         with pytest.raises(BackendUnavailableError):
-            await store.pending_threads()
+            await store.due()
     finally:
         await client.aclose()
 
@@ -113,4 +117,4 @@ async def test_redis_store_under_trio_is_unsupported(anyio_backend: str) -> None
     with pytest.raises(UnsupportedBackendError, match="asyncio"):
         await store.accept("t", Signal(1), "deliver")
     with pytest.raises(UnsupportedBackendError, match="asyncio"):
-        await store.read("t")
+        await store.entries("t")

@@ -15,6 +15,7 @@ from leases import InMemoryLeaseProvider
 from pubsub._base import PubSubBase
 from pubsub._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, EventHandler, StartFrom
 from pubsub._delivery import LoopSubscription, deliver_with_retries
+from pubsub._leased import LeasedPubSub
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -37,7 +38,7 @@ class _Topic:
     groups: dict[str, _Group] = field(default_factory=dict)
 
 
-class InMemoryPubSub(PubSubBase):
+class InMemoryPubSub(PubSubBase, LeasedPubSub):
     """A :class:`~pubsub.PubSub` inside one process.
 
     Keeps the last ``retain`` events per topic for ``start_from="earliest"``. Groups keep

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from signals._model import Receipt, Signal, StreamPart, ThreadInfo
-    from signals._store import DeadLetter
+    from signals.kit._core import DeadLetter
 
 __all__ = [
     "compact", "dead_letters_json", "dead_letters_text", "inspect_text", "iso",

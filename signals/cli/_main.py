@@ -134,8 +134,8 @@ async def _inspect(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> 
     else:
         owner = await rt.leases.get_lease_owner(key)
         lease = None if owner is None else {"owner": owner, "ttl_ms": None, "token": None}
-    count = await rt.inbox.pending_count(key)
-    entries = await rt.inbox.read(key, limit=args.limit, max_bytes=1 << 30) if args.limit else []
+    count = (await rt.store.describe([key]))[key].pending
+    entries = await rt.store.entries(key, limit=args.limit) if args.limit else []
     report = {
         "thread_key": key,
         "lease": lease,

@@ -44,6 +44,7 @@ from pubsub._backends.redis.reader import StreamReader
 from pubsub._backends.redis.slots import RedisSubscription
 from pubsub._base import PubSubBase, owned_task_group
 from pubsub._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, EventHandler, StartFrom
+from pubsub._leased import LeasedPubSub
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -55,7 +56,7 @@ __all__ = ["RedisStreamsPubSub"]
 logger = get_logger("pubsub")
 
 
-class RedisStreamsPubSub(PubSubBase):
+class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
     """A :class:`~pubsub.PubSub` on Redis Streams.
 
     Give exactly one of ``url`` or ``client``. A client built from ``url`` (a

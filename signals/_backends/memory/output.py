@@ -17,7 +17,7 @@ import anyio.lowlevel
 
 from _signal_leases.errors import CursorExpiredError
 from signals._model import StreamPart
-from signals._store import PartIn
+from signals.kit._capabilities import PartIn
 
 __all__ = ["MemoryOutput"]
 

@@ -1,15 +1,28 @@
-"""Lua scripts of :class:`~signals.RedisSignalStore`: one round trip per store call.
+"""Lua scripts of :class:`~signals.RedisSignalStore`: one round trip per core call.
 
-Per-thread keys share the thread's hash tag (see ``_signal_leases.keys``). Scripts that also
-touch a cross-thread index (a pending-index shard, a runtime's thread set) take the flag
-``idx``: ``'1'`` on a standalone Redis, where one script may touch any key; ``'0'`` on a
-Cluster, where the Python side updates the index in a separate call, in a crash-safe order.
+The same rules as the reference engine (``signals.kit._engine``), in Lua. Every inbox script
+takes the same keys (:data:`KEY_NAMES`, all of one thread's hash tag, then the thread's
+pending-index shard and the claimer's thread set) and starts its ``ARGV`` with the same
+header: thread key, ``idx``, session prefix (``''`` when the store does not fuse with the
+leases), stream cfg, retention ms, max receipts, idle TTL ms. ``idx`` is ``'1'`` on a
+standalone Redis, where a script updates the cross-thread index itself, and ``'0'`` on a
+Cluster, where the shard is another slot: the script then returns the index change
+(``{op, score}``: ``'a'`` add at or before ``score``, ``'s'`` set, ``'r'`` remove, ``''`` none)
+and the Python side applies it in a separate call.
 
-Inbox entries have fields ``s`` (the signal JSON), ``m`` (mode) and ``i`` (signal id). The
-attempts hash holds ``<entry id>`` -> deliveries, ``<entry id>@`` -> the run it was last
-handed to, and ``e:<signal id>`` -> the last error a run reported for it. Receipts are JSON.
+Per thread: ``eb`` (entry number -> signal JSON), ``em`` (entry number -> its state as JSON:
+``st`` state, ``h`` holder, ``n`` attempts, ``p`` priority, ``l`` lane, ``g`` merge, ``m``
+mode, ``d`` due ms, ``nb`` not-before ms, ``x`` expiry ms, ``i`` signal id, ``e`` error),
+``ix`` (signal id -> entry number), ``rq`` (ready entries, scored by priority then number),
+``lt`` (entries not due yet, by due ms), ``xp`` (by expiry ms), ``hd`` (entries held or carried,
+-> holder), ``ln`` (lane members, lexically ``<lane>\\0<number>``), ``lanes`` (lane -> its
+state: last cache key ``c``, first pending ``f``, debounce gate ``g``), ``seen``/``receipts``
+(the dedup record), ``dead``, ``meta`` (``seq``, ``paused``, ``token``, ``run``, ``since``,
+``last``, ``abort``, ``tmax``) and ``stream``.
 
-Every script is safe to replay (redis-py may resend a command after a timeout).
+Every script is safe to replay (redis-py may resend a command after a timeout): a replayed
+accept is a duplicate, a replayed ack finds nothing, a replayed take hands out the same run's
+next entry (the first is still held by it and is given back when the run ends).
 """
 
 from __future__ import annotations
@@ -17,15 +30,13 @@ from __future__ import annotations
 from _signal_leases.lua import LEASE_FUNCTIONS
 
 __all__ = [
-    "ABORT", "ACK", "CANCEL", "CLAIM_PENDING", "DELIVER", "EMIT", "READ", "READ_STREAM",
-    "RELEASE_IF_IDLE", "ROUTE", "UNDELIVER",
+    "ABORT", "ACCEPT", "CLAIM", "EMIT", "KEY_NAMES", "LOOK_AT", "PAUSE", "READ_STREAM",
+    "RELEASE_IF_IDLE", "REVIVE", "SETTLE", "TAKE", "WITHDRAW",
 ]
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local at = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-"""
+#: The per-thread keys every inbox script takes, in order (then the shard and thread set).
+KEY_NAMES = ("eb", "em", "ix", "rq", "lt", "xp", "hd", "seen", "receipts", "dead", "meta",
+             "stream", "lanes", "ln", "lease", "fence")
 
 # add_part(stream, meta, cfg, kind, run, sid, data): append one part to a thread's output
 # stream (fields k, r, s, d, t) and trim it exactly to ``cfg`` = "<max parts>:<retention ms>",
@@ -76,319 +87,669 @@ return {redis.call('HGET', KEYS[2], 'tmax') or '',
         redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', ARGV[2])}
 """
 
-#: KEYS: inbox, seen, receipts, lease, fence, pending shard, claimer's thread set, attempts,
-#: meta, stream. ARGV: 1 session prefix, 2 thread, 3 signal id, 4 signal JSON, 5 mode,
-#: 6 retention ms, 7 max receipts, 8 idle ttl ms, 9 claim owner ('' none), 10 claim ttl,
-#: 11 claim session, 12 sender runtime id, 13 notice channel prefix, 14 work channel,
-#: 15 wake workers '1'/'0', 16 idx, 17 index only '1'/'0' (accept without routing: always
-#: index the thread), 18 stream cfg, 19 carry limit (bytes): a ``deliver`` signal for a live
-#: owner, no larger than this, is delivered to the owner's run in the same step and carried in
-#: the notice, so the run hands it out without reading the inbox.
-#: Returns {fresh, entry id, original receipt (duplicates), owner, claimed, token, carried}.
-ROUTE = LEASE_FUNCTIONS + _NOW + _PARTS_FN + """
-local retention = tonumber(ARGV[6])
-local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - retention, 'LIMIT', 0, 100)
-for _, id in ipairs(old) do redis.call('HDEL', KEYS[3], id) end
-if #old > 0 then redis.call('ZREM', KEYS[2], unpack(old)) end
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[7])
+# The shared library of the inbox scripts (see the module docstring).
+_INBOX = LEASE_FUNCTIONS + _PARTS_FN + """
+local K = {}
+for i, name in ipairs({'eb', 'em', 'ix', 'rq', 'lt', 'xp', 'hd', 'seen', 'rc', 'dead', 'meta',
+                       'stream', 'lanes', 'ln', 'lease', 'fence', 'shard', 'rt'}) do
+  K[name] = KEYS[i]
+end
+local THREAD, IDX, SP, CFG = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local RETENTION, MAXR, IDLE = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local at = tonumber(t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
+local ixop, ixscore = '', 0
+local notices = {}
+
+local function fmt(n) return string.format('%.0f', n) end
+local function score(m, seq) return fmt((1000000 - m.p) * 4294967296 + seq) end
+local function lkey(lane, seq) return lane .. '\\0' .. string.format('%012d', seq) end
+
+local function get(seq)
+  local raw = redis.call('HGET', K.em, seq)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+local function put(seq, m) redis.call('HSET', K.em, seq, cjson.encode(m)) end
+
+local function file(seq, m)
+  if m.st == 'ready' then
+    redis.call('ZADD', K.rq, score(m, tonumber(seq)), seq)
+    redis.call('ZREM', K.lt, seq)
+    redis.call('HDEL', K.hd, seq)
+  elseif m.st == 'later' then
+    redis.call('ZADD', K.lt, fmt(m.d), seq)
+    redis.call('ZREM', K.rq, seq)
+    redis.call('HDEL', K.hd, seq)
+  else
+    redis.call('ZREM', K.rq, seq)
+    redis.call('ZREM', K.lt, seq)
+    redis.call('HSET', K.hd, seq, m.h)
+  end
+  put(seq, m)
+end
+
+local function index(op, s)
+  -- the thread's next look in the pending index ('a': at or before s, 's': set, 'r': remove)
+  if IDX == '1' then
+    if op == 'a' then redis.call('ZADD', K.shard, 'LT', fmt(s), THREAD)
+    elseif op == 's' then redis.call('ZADD', K.shard, fmt(s), THREAD)
+    elseif op == 'r' then redis.call('ZREM', K.shard, THREAD) end
+  elseif op ~= '' then
+    if op == 'a' and ixop == 'a' then s = math.min(s, ixscore) end
+    ixop, ixscore = op, s
+  end
+end
+
+local function set_receipt(sid, r)
+  r.at = at
+  redis.call('HSET', K.rc, sid, cjson.encode(r))
+end
+
+local function drop(seq, m)
+  redis.call('HDEL', K.eb, seq)
+  redis.call('HDEL', K.em, seq)
+  redis.call('HDEL', K.ix, m.i)
+  redis.call('ZREM', K.rq, seq)
+  redis.call('ZREM', K.lt, seq)
+  redis.call('ZREM', K.xp, seq)
+  redis.call('HDEL', K.hd, seq)
+  if m.l then redis.call('ZREM', K.ln, lkey(m.l, tonumber(seq))) end
+end
+
+local function remove_as(seq, m, status, run, by)
+  drop(seq, m)
+  local r = {status = status}
+  if run and run ~= '' then r.run_id = run end
+  if by then r.superseded_by = by end
+  if m.e then r.error = m.e end
+  set_receipt(m.i, r)
+  local data = ''
+  if by then data = cjson.encode({superseded_by = by}) end
+  add_part(K.stream, K.meta, CFG, 'signal.' .. status, run or '', m.i, data)
+  return m.i
+end
+
+local function lane_state(lane)
+  local raw = redis.call('HGET', K.lanes, lane)
+  if raw then return cjson.decode(raw) end
+  return {}
+end
+local function save_lane(lane, s)
+  if next(s) == nil then redis.call('HDEL', K.lanes, lane)
+  else redis.call('HSET', K.lanes, lane, cjson.encode(s)) end
+end
+
+local function lane_members(lane)
+  local out = {}
+  for _, member in ipairs(redis.call('ZRANGEBYLEX', K.ln, '[' .. lane .. '\\0',
+                                     '(' .. lane .. '\\1')) do
+    local seq = tostring(tonumber(string.sub(member, #lane + 2)))
+    local m = get(seq)
+    if m then out[#out + 1] = {seq, m} end
+  end
+  return out
+end
+
+local function emptied()
+  if redis.call('HLEN', K.em) == 0 then
+    index('r', 0)
+    local all = redis.call('HGETALL', K.lanes)
+    for i = 1, #all, 2 do
+      local s = cjson.decode(all[i + 1])
+      s.f = nil
+      s.g = nil
+      save_lane(all[i], s)
+    end
+  end
+end
+
+local function stale(run, token)
+  local cur = tonumber(redis.call('HGET', K.meta, 'token') or '-1')
+  if token ~= '' and tonumber(token) < cur then return true end
+  if SP ~= '' then
+    local live = lease_live(K.lease, SP)
+    if live and live[1] ~= run then return true end
+  end
+  return false
+end
+
+local function adopt(run, token)
+  local cur = redis.call('HGET', K.meta, 'run')
+  if cur == run then return end
+  local held = redis.call('HGETALL', K.hd)
+  for i = 1, #held, 2 do
+    if held[i + 1] ~= run then
+      local m = get(held[i])
+      if m then
+        m.st, m.h = 'ready', nil
+        file(held[i], m)
+      end
+    end
+  end
+  local function rt(r) return r and string.match(r, '^(.*)/[^/]*$') end
+  if not cur or rt(cur) ~= rt(run) then redis.call('HSET', K.meta, 'since', at) end
+  redis.call('HSET', K.meta, 'run', run)
+  if token ~= '' then redis.call('HSET', K.meta, 'token', token) end
+end
+
+local function ripen()
+  for _, seq in ipairs(redis.call('ZRANGEBYSCORE', K.lt, '-inf', now)) do
+    local m = get(seq)
+    if m then
+      m.st, m.d = 'ready', nil
+      file(seq, m)
+    else
+      redis.call('ZREM', K.lt, seq)
+    end
+  end
+  for _, seq in ipairs(redis.call('ZRANGEBYSCORE', K.xp, '-inf', now)) do
+    local m = get(seq)
+    if m and m.st ~= 'held' then remove_as(seq, m, 'expired', '', nil)
+    else redis.call('ZREM', K.xp, seq) end
+  end
+end
+
+local function best(run)
+  local top, tm = nil, nil
+  local first = redis.call('ZRANGE', K.rq, 0, 0)
+  if first[1] then
+    top = first[1]
+    tm = get(top)
+  end
+  local held = redis.call('HGETALL', K.hd)
+  for i = 1, #held, 2 do
+    if held[i + 1] == run then
+      local m = get(held[i])
+      if m and m.st == 'carried' and (not tm or m.p > tm.p
+          or (m.p == tm.p and tonumber(held[i]) < tonumber(top))) then
+        top, tm = held[i], m
+      end
+    end
+  end
+  return top, tm
+end
+
+local function has_work()
+  return redis.call('ZCARD', K.rq) > 0 or redis.call('HLEN', K.hd) > 0
+end
+
+local function next_due()
+  local first = redis.call('ZRANGE', K.lt, 0, 0, 'WITHSCORES')
+  if first[1] then return tonumber(first[2]) end
+  return nil
+end
+
+local function ack(run, eid, sid, result)
+  local seq = redis.call('HGET', K.ix, sid)
+  if not seq or seq ~= eid then return end
+  local m = get(seq)
+  drop(seq, m)
+  local r = {status = 'processed', run_id = run}
+  local data = ''
+  if result ~= '' then
+    r.result = cjson.decode(result)
+    data = '{"result":' .. result .. '}'
+  end
+  set_receipt(sid, r)
+  add_part(K.stream, K.meta, CFG, 'signal.acked', run, sid, data)
+end
+
+local function dead(seq, m, run)
+  local body = redis.call('HGET', K.eb, seq) or ''
+  drop(seq, m)
+  local attempts = m.n - 1
+  redis.call('HSET', K.dead, m.i, cjson.encode({s = body, m = m.m, n = attempts,
+                                                e = m.e or '', at = at}))
+  local r = {status = 'dead_lettered', run_id = run}
+  if m.e then r.error = m.e end
+  set_receipt(m.i, r)
+  add_part(K.stream, K.meta, CFG, 'signal.dead_lettered', run, m.i,
+           cjson.encode({attempts = attempts, error = m.e or cjson.null}))
+end
+
+local function touch()
+  local keep = math.max(IDLE, RETENTION)
+  for _, k in ipairs({K.eb, K.em, K.ix, K.rq, K.lt, K.xp, K.hd, K.seen, K.rc, K.meta,
+                      K.lanes, K.ln}) do
+    redis.call('PEXPIRE', k, keep)
+  end
+end
+
+local function reply(...)
+  local out = {...}
+  out[#out + 1] = ixop
+  out[#out + 1] = fmt(ixscore)
+  return out
+end
+"""
+
+#: ARGV after the header: 8 signal id, 9 signal JSON, 10 mode, 11 priority, 12 lane ('' none),
+#: 13 merge, 14 cache key ('' none, 15 '1' when given), 16 not-before ms ('' none), 17 expiry ms,
+#: 18 debounce ms, 19 max wait ms, 20 max pending ('' none), 21 overflow, 22 route '1' (fused:
+#: claim or notify) or '0' (accept only: index), 23 claim owner ('' none), 24 claim ttl,
+#: 25 claim session, 26 sender runtime, 27 notice prefix, 28 work channel, 29 wake workers,
+#: 30 carry limit. Returns {outcome, entry, receipt JSON, reason, superseded, dropped, due ms,
+#: owner, claimed, token, carried, ixop, ixscore}.
+ACCEPT = _INBOX + """
+local sid, body, mode, prio = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
+local lane, merge = ARGV[12], ARGV[13]
+if lane == '' then lane = nil end
+local old = redis.call('ZRANGEBYSCORE', K.seen, '-inf', now - RETENTION, 'LIMIT', 0, 100)
+for _, id in ipairs(old) do redis.call('HDEL', K.rc, id) end
+if #old > 0 then redis.call('ZREM', K.seen, unpack(old)) end
+local over = redis.call('ZCARD', K.seen) - MAXR
 if over > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[2], math.min(over, 100))
-  for i = 1, #popped, 2 do redis.call('HDEL', KEYS[3], popped[i]) end
+  local popped = redis.call('ZPOPMIN', K.seen, math.min(over, 100))
+  for i = 1, #popped, 2 do redis.call('HDEL', K.rc, popped[i]) end
 end
 local owner = false
-if ARGV[17] ~= '1' then
-  local cur = lease_live(KEYS[4], ARGV[1])
+if ARGV[22] == '1' then
+  local cur = lease_live(K.lease, SP)
   if cur then owner = cur[1] end
 end
-if redis.call('ZSCORE', KEYS[2], ARGV[3]) then
-  return {0, false, redis.call('HGET', KEYS[3], ARGV[3]) or false, owner, 0, false}
+if redis.call('ZSCORE', K.seen, sid) then
+  return reply('duplicate', false, redis.call('HGET', K.rc, sid) or false, false, {}, {}, false,
+               owner, 0, false, 0)
 end
-redis.call('ZADD', KEYS[2], now, ARGV[3])
-redis.call('HSET', KEYS[3], ARGV[3], '{"status":"pending","at":' .. at .. '}')
-local id = redis.call('XADD', KEYS[1], '*', 's', ARGV[4], 'm', ARGV[5], 'i', ARGV[3])
-redis.call('HSET', KEYS[8], 'x:' .. ARGV[3], id)
-redis.call('HSET', KEYS[9], 'last', at)
-local keep = math.max(tonumber(ARGV[8]), retention)
-for _, i in ipairs({1, 2, 3, 8, 9}) do redis.call('PEXPIRE', KEYS[i], keep) end
-if ARGV[17] == '1' then
-  if ARGV[16] == '1' then redis.call('ZADD', KEYS[6], 'NX', now, ARGV[2]) end
-  return {1, id, false, false, 0, false}
+local ls = {}
+if lane then ls = lane_state(lane) end
+if lane and ARGV[15] == '1' and ls.c == ARGV[14] then
+  return reply('unchanged', false, false, false, {}, {}, false, owner, 0, false, 0)
+end
+local victims = {}
+if lane and merge == 'supersede' then
+  for _, pair in ipairs(lane_members(lane)) do
+    if pair[2].st == 'ready' or pair[2].st == 'later' then victims[#victims + 1] = pair end
+  end
+end
+local dropped = {}
+if ARGV[20] ~= '' and redis.call('HLEN', K.em) - #victims >= tonumber(ARGV[20]) then
+  local victim = nil
+  if ARGV[21] == 'drop_oldest' then
+    local cands = {}
+    local last = redis.call('ZRANGE', K.rq, -1, -1)
+    if last[1] then
+      local lm = get(last[1])
+      local lo = (1000000 - lm.p) * 4294967296
+      local first = redis.call('ZRANGEBYSCORE', K.rq, fmt(lo), fmt(lo + 4294967295),
+                               'LIMIT', 0, 1)
+      if first[1] then cands[#cands + 1] = {first[1], get(first[1])} end
+    end
+    for _, seq in ipairs(redis.call('ZRANGE', K.lt, 0, -1)) do
+      cands[#cands + 1] = {seq, get(seq)}
+    end
+    for _, c in ipairs(cands) do
+      if c[2] and (not victim or c[2].p < victim[2].p
+          or (c[2].p == victim[2].p and tonumber(c[1]) < tonumber(victim[1]))) then
+        victim = c
+      end
+    end
+    for _, v in ipairs(victims) do
+      if victim and v[1] == victim[1] then victim = nil end
+    end
+  end
+  if not victim then
+    local reason = 'thread has ' .. redis.call('HLEN', K.em) ..
+      ' pending signals, the most max_pending_per_thread=' .. ARGV[20] .. ' allows'
+    return reply('rejected', false, false, reason, {}, {}, false, owner, 0, false, 0)
+  end
+  dropped[1] = remove_as(victim[1], victim[2], 'dropped', '', nil)
+end
+local superseded = {}
+for _, pair in ipairs(victims) do
+  superseded[#superseded + 1] = remove_as(pair[1], pair[2], 'superseded', '', sid)
+end
+local due = nil
+if ARGV[16] ~= '' then due = tonumber(ARGV[16]) end
+if lane then
+  if ARGV[15] == '1' then ls.c = ARGV[14] else ls.c = nil end
+  if ARGV[18] ~= '' then
+    local first = ls.f or now
+    local gate = now + tonumber(ARGV[18])
+    if ARGV[19] ~= '' then gate = math.min(gate, first + tonumber(ARGV[19])) end
+    ls.f, ls.g = first, gate
+    for _, pair in ipairs(lane_members(lane)) do
+      local m = pair[2]
+      if m.st == 'ready' or m.st == 'later' then
+        m.d = math.max(gate, m.nb or 0)
+        if m.d > now then m.st = 'later' else m.st, m.d = 'ready', nil end
+        file(pair[1], m)
+      end
+    end
+    due = math.max(gate, due or 0)
+  elseif not ls.f then
+    ls.f = now
+  end
+  save_lane(lane, ls)
+end
+local later = due ~= nil and due > now
+local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
+local m = {i = sid, m = mode, p = prio, g = merge, n = 0}
+if lane then m.l = lane end
+if ARGV[16] ~= '' then m.nb = tonumber(ARGV[16]) end
+if ARGV[17] ~= '' then m.x = tonumber(ARGV[17]) end
+if later then m.st, m.d = 'later', due else m.st = 'ready' end
+redis.call('HSET', K.eb, seq, body)
+redis.call('HSET', K.ix, sid, seq)
+file(tostring(seq), m)
+if m.x then redis.call('ZADD', K.xp, fmt(m.x), seq) end
+if lane then redis.call('ZADD', K.ln, 0, lkey(lane, seq)) end
+local status = 'pending'
+if m.nb and m.nb > now then status = 'scheduled' end
+redis.call('ZADD', K.seen, now, sid)
+set_receipt(sid, {status = status})
+redis.call('HSET', K.meta, 'last', at)
+touch()
+local due_out = false
+if later then due_out = fmt(due) end
+local paused = redis.call('HGET', K.meta, 'paused') == '1'
+if ARGV[22] ~= '1' then
+  if not paused then
+    if later then index('a', due) else index('a', now) end
+  end
+  return reply('fresh', seq, status, false, superseded, dropped, due_out, false, 0, false, 0)
+end
+-- fused routing
+if later then
+  if not paused then index('a', due) end
+  if ARGV[29] == '1' and not paused then
+    redis.call('PUBLISH', ARGV[28], 'due\\n' .. THREAD .. '\\n\\n' .. (due / 1000))
+  end
+  return reply('fresh', seq, status, false, superseded, dropped, due_out, owner, 0, false, 0)
 end
 if owner then
   local rt = string.match(owner, '^(.*)/[^/]*$')
   local carried = ''
-  if ARGV[5] == 'deliver' and #ARGV[4] <= tonumber(ARGV[19]) then
-    redis.call('HSET', KEYS[8], id, 1, id .. '@', owner)
-    add_part(KEYS[10], KEYS[9], ARGV[18], 'signal.received', owner, ARGV[3], '{"attempt":1}')
-    carried = '\\n\\n' .. id .. ' ' .. ARGV[4]
+  if mode == 'deliver' and not paused and #body <= tonumber(ARGV[30]) then
+    m.st, m.h, m.n = 'carried', owner, 1
+    file(tostring(seq), m)
+    add_part(K.stream, K.meta, CFG, 'signal.received', owner, sid, '{"attempt":1}')
+    carried = '\\n\\n' .. seq .. ' ' .. body
   end
-  if rt and rt ~= ARGV[12] then
-    redis.call('PUBLISH', ARGV[13] .. rt, 'signal\\n' .. ARGV[2] .. '\\n' .. owner .. carried)
+  if rt and rt ~= ARGV[26] then
+    redis.call('PUBLISH', ARGV[27] .. rt, 'signal\\n' .. THREAD .. '\\n' .. owner .. carried)
   end
-  return {1, id, false, owner, 0, false, carried ~= '' and 1 or 0}
+  local c = 0
+  if carried ~= '' then c = 1 end
+  return reply('fresh', seq, status, false, superseded, dropped, false, owner, 0, false, c)
 end
-if ARGV[9] ~= '' and session_alive(ARGV[1], ARGV[11]) then
-  local token = lease_grant(KEYS[4], KEYS[5], ARGV[9], ARGV[10], ARGV[11])
-  if ARGV[16] == '1' then redis.call('SADD', KEYS[7], ARGV[2]) end
-  redis.call('HSET', KEYS[9], 'since', at)
-  return {1, id, false, ARGV[9], 1, token}
+if ARGV[23] ~= '' and not paused and session_alive(SP, ARGV[25]) then
+  local token = lease_grant(K.lease, K.fence, ARGV[23], ARGV[24], ARGV[25])
+  if IDX == '1' then redis.call('SADD', K.rt, THREAD) end
+  redis.call('HSET', K.meta, 'since', at)
+  return reply('fresh', seq, status, false, superseded, dropped, false, ARGV[23], 1, token, 0)
 end
-if ARGV[16] == '1' then redis.call('ZADD', KEYS[6], 'NX', now, ARGV[2]) end
-if ARGV[15] == '1' then redis.call('PUBLISH', ARGV[14], 'work\\n' .. ARGV[2]) end
-return {1, id, false, false, 0, false}
+if not paused then
+  index('a', now)
+  if ARGV[29] == '1' then redis.call('PUBLISH', ARGV[28], 'work\\n' .. THREAD) end
+end
+return reply('fresh', seq, status, false, superseded, dropped, false, false, 0, false, 0)
 """
 
-# Fencing: with a session prefix given (not ''), refuse when another run holds the lease.
-# deliver_entry(K, id, fields, run, max, thread, idx, sp, cfg), K = {inbox, attempts,
-# receipts, dead, shard, lease, stream, meta}: count one hand-out to ``run`` (and write a
-# ``signal.received`` part); returns the attempt, -1 when the entry went to the dead letters
-# instead (``signal.dead_lettered``), -2 when another run holds the lease.
-_DELIVER_FN = LEASE_FUNCTIONS + _NOW + _PARTS_FN + """
-local function other_owner(lease, sp, run)
-  if sp == '' then return false end
-  local cur = lease_live(lease, sp)
-  return cur ~= nil and cur[1] ~= run
+#: ARGV after the header: 8 run, 9 token ('' none), 10 max attempts, 11 first '1'/'0', then
+#: per ack: entry, signal id, result JSON ('' none). Returns {status, entries, more, next due
+#: ms, dead ids, ixop, ixscore}; status 'ok', 'fenced', 'paused' or 'stopped'; an entry is
+#: {number, signal JSON, mode, attempts, state}.
+TAKE = _INBOX + """
+local run, token, maxn = ARGV[8], ARGV[9], tonumber(ARGV[10])
+if stale(run, token) then return reply('fenced', {}, 0, false, {}) end
+adopt(run, token)
+for i = 12, #ARGV, 3 do ack(run, ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
+emptied()
+if redis.call('HGET', K.meta, 'paused') == '1' then
+  return reply('paused', {}, 0, false, {})
 end
-local function field(f, name)
-  for i = 1, #f, 2 do if f[i] == name then return f[i + 1] end end
-  return ''
-end
-local function deliver_entry(K, id, f, run, max, thread, idx, sp, cfg)
-  if other_owner(K[6], sp, run) then return -2 end
-  local n = tonumber(redis.call('HGET', K[2], id) or '0')
-  local sid = field(f, 'i')
-  if redis.call('HGET', K[2], id .. '@') ~= run then
-    n = n + 1
-    redis.call('HSET', K[2], id, n, id .. '@', run)
-    if n <= tonumber(max) then
-      add_part(K[7], K[8], cfg, 'signal.received', run, sid, '{"attempt":' .. n .. '}')
+ripen()
+local dead_ids, out, lanes_out = {}, {}, {}
+while #out == 0 do
+  local seq, m = best(run)
+  if not seq then
+    emptied()
+    local nd = next_due()
+    if nd then nd = fmt(nd) else nd = false end
+    return reply('ok', {}, 0, nd, dead_ids)
+  end
+  if ARGV[11] ~= '1' and m.m == 'queue' and m.st == 'ready' then
+    return reply('stopped', {}, 1, false, dead_ids)
+  end
+  local group = {{seq, m}}
+  if m.l and m.g == 'coalesce' then
+    group = {}
+    for _, pair in ipairs(lane_members(m.l)) do
+      local pm = pair[2]
+      if pm.st == 'ready' or (pm.st == 'carried' and pm.h == run) then group[#group + 1] = pair end
     end
   end
-  if n <= tonumber(max) then return n end
-  local s, m = field(f, 's'), field(f, 'm')
-  if m == '' then m = 'deliver' end
-  local err = redis.call('HGET', K[2], 'e:' .. sid)
-  redis.call('HSET', K[4], sid, cjson.encode({s = s, m = m, n = n - 1, e = err or '', at = at}))
-  redis.call('XDEL', K[1], id)
-  redis.call('HDEL', K[2], id, id .. '@', 'e:' .. sid, 'x:' .. sid)
-  local r = {status = 'dead_lettered', run_id = run, at = tonumber(at)}
-  if err then r.error = err end
-  redis.call('HSET', K[3], sid, cjson.encode(r))
-  add_part(K[7], K[8], cfg, 'signal.dead_lettered', run, sid,
-           cjson.encode({attempts = n - 1, error = err or cjson.null}))
-  if idx == '1' and redis.call('XLEN', K[1]) == 0 then redis.call('ZREM', K[5], thread) end
-  return -1
-end
-"""
-
-#: KEYS: inbox, attempts, receipts, dead, pending shard, lease, stream, meta.
-#: ARGV: 1 start ('-' or '(<id>'), 2 count, 3 max bytes, 4 run to deliver the first entry to
-#: ('' none), 5 max attempts, 6 thread, 7 idx, 8 session prefix ('' unfenced), 9 '1' to
-#: leave a first entry of mode ``queue`` undelivered (the run stops before it), 10 stream cfg.
-#: Returns {more, {id, fields, attempts, delivered}, ...}: at most ``count`` entries and,
-#: past the first, at most ``max bytes`` of field values; ``delivered`` is the first entry's
-#: ``deliver_entry`` result when a run was given, else 0; ``more`` is 1 when the read stopped
-#: before the end of the inbox.
-READ = _DELIVER_FN + """
-local count = tonumber(ARGV[2])
-local out, total, limit = {0}, 0, tonumber(ARGV[3])
--- Pages that start small and double: a backlog of large entries is never copied whole into
--- the script (XRANGE has no byte bound), a backlog of small ones costs a few calls.
-local start, i, page = ARGV[1], 0, 2
-while true do
-  page = math.min(page * 2, count + 1 - i)
-  local rows = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', page)
-  for _, row in ipairs(rows) do
-    i = i + 1
-    local size = 0
-    for j = 2, #row[2], 2 do size = size + #row[2][j] end
-    if i > count or (i > 1 and total + size > limit) then
-      out[1] = 1
-      return out
-    end
-    total = total + size
-    local delivered = 0
-    local queued = false
-    if ARGV[9] == '1' then
-      for j = 1, #row[2], 2 do
-        if row[2][j] == 'm' and row[2][j + 1] == 'queue' then queued = true end
+  for _, pair in ipairs(group) do
+    local s, pm = pair[1], pair[2]
+    local carried = pm.st == 'carried' and pm.h == run
+    if not carried then pm.n = pm.n + 1 end
+    if pm.n > maxn then
+      dead(s, pm, run)
+      dead_ids[#dead_ids + 1] = pm.i
+    else
+      if not carried then
+        add_part(K.stream, K.meta, CFG, 'signal.received', run, pm.i,
+                 '{"attempt":' .. pm.n .. '}')
       end
+      pm.st, pm.h = 'held', run
+      file(s, pm)
+      if pm.l then lanes_out[pm.l] = true end
+      out[#out + 1] = {s, redis.call('HGET', K.eb, s), pm.m, pm.n, 'held'}
     end
-    if i == 1 and ARGV[4] ~= '' and not queued then
-      delivered = deliver_entry(KEYS, row[1], row[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
-                                ARGV[8], ARGV[10])
-      if delivered == -2 then return {1, {row[1], row[2], '0', -2}} end
-    end
-    out[#out + 1] = {row[1], row[2], redis.call('HGET', KEYS[2], row[1]) or '0', delivered}
-  end
-  if #rows < page then return out end
-  start = '(' .. rows[#rows][1]
-end
-"""
-
-#: KEYS: inbox, attempts, receipts, dead, pending shard, lease, stream, meta.
-#: ARGV: 1 entry id, 2 run id, 3 max attempts, 4 thread, 5 idx, 6 session prefix, 7 stream cfg.
-#: Returns the attempt number, 0 when the entry is gone, -1 when it was dead-lettered, -2
-#: when another run holds the lease.
-DELIVER = _DELIVER_FN + """
-local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #e == 0 then return 0 end
-return deliver_entry(KEYS, ARGV[1], e[1][2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6],
-                     ARGV[7])
-"""
-
-#: KEYS: inbox, attempts, receipts, dead, pending shard, lease, stream, meta. ARGV: 1 thread,
-#: 2 idx, 3 session prefix ('' unfenced), 4 run id, 5 stream cfg, 6 entry to deliver next to
-#: the same run ('' none), 7 max attempts, then per ack: entry id, signal id, result JSON ('' none).
-#: Returns {1, delivered, empty} (``delivered``: ``deliver_entry``'s result for the next entry,
-#: 0 when none or gone; ``empty``: 1 when the inbox is now empty), or {0, 0} (nothing changed)
-#: when another run holds the lease. Each
-#: acknowledgement also writes a ``signal.acked`` part (data: the result).
-ACK = _DELIVER_FN + """
-if other_owner(KEYS[6], ARGV[3], ARGV[4]) then return {0, 0} end
-for i = 8, #ARGV, 3 do
-  local eid, sid = ARGV[i], ARGV[i + 1]
-  if redis.call('XDEL', KEYS[1], eid) == 1 then
-    redis.call('HDEL', KEYS[2], eid, eid .. '@', 'e:' .. sid, 'x:' .. sid)
-    local r = '{"status":"processed","run_id":' .. cjson.encode(ARGV[4]) .. ',"at":' .. at
-    local data = ''
-    if ARGV[i + 2] ~= '' then
-      r = r .. ',"result":' .. ARGV[i + 2]
-      data = '{"result":' .. ARGV[i + 2] .. '}'
-    end
-    redis.call('HSET', KEYS[3], sid, r .. '}')
-    add_part(KEYS[7], KEYS[8], ARGV[5], 'signal.acked', ARGV[4], sid, data)
   end
 end
-local delivered = 0
-if ARGV[6] ~= '' then
-  local e = redis.call('XRANGE', KEYS[1], ARGV[6], ARGV[6])
-  if #e > 0 then
-    delivered = deliver_entry(KEYS, ARGV[6], e[1][2], ARGV[4], ARGV[7], ARGV[1], ARGV[2],
-                              ARGV[3], ARGV[5])
+for lane, _ in pairs(lanes_out) do
+  local open = false
+  for _, pair in ipairs(lane_members(lane)) do
+    if pair[2].st == 'ready' or pair[2].st == 'later' then open = true end
+  end
+  if not open then
+    local s = lane_state(lane)
+    s.f, s.g = nil, nil
+    save_lane(lane, s)
   end
 end
-local empty = redis.call('XLEN', KEYS[1]) == 0 and 1 or 0
-if ARGV[2] == '1' and empty == 1 then redis.call('ZREM', KEYS[5], ARGV[1]) end
-return {1, delivered, empty}
+emptied()
+local more = 0
+if best(run) then more = 1 end
+return reply('ok', out, more, false, dead_ids)
 """
 
-#: KEYS: lease, inbox, owner's thread set. ARGV: owner, thread, idx. 1 when released (or
-#: already not held), 0 when the inbox still has entries (the lease is kept).
-RELEASE_IF_IDLE = """
-if redis.call('XLEN', KEYS[2]) > 0 then return 0 end
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then redis.call('DEL', KEYS[1]) end
-if ARGV[3] == '1' then redis.call('SREM', KEYS[3], ARGV[2]) end
-return 1
-"""
-
-#: KEYS: lease, fence, inbox, pending shard, claimer's thread set, meta.
-#: ARGV: 1 session prefix, 2 thread, 3 owner, 4 ttl, 5 session, 6 idx.
-#: Returns {1, owner, token} claimed, {0, holder, false, ms} owned (the thread stays indexed,
-#: scored ``ms`` from now: when the holder's lease expires unless renewed), {2} empty,
-#: {3} session gone.
-CLAIM_PENDING = LEASE_FUNCTIONS + _NOW + """
-if redis.call('XLEN', KEYS[3]) == 0 then
-  if ARGV[6] == '1' then redis.call('ZREM', KEYS[4], ARGV[2]) end
-  return {2, false, false}
+#: ARGV after the header: 8 run, 9 token, 10 error ('' none), 11 #acks, 12 #failed, then
+#: acks (entry, signal id, result), failed ids, returned ids. Returns {ok, ixop, ixscore}.
+SETTLE = _INBOX + """
+local run, token = ARGV[8], ARGV[9]
+if stale(run, token) then return reply(0) end
+local na, nf = tonumber(ARGV[11]), tonumber(ARGV[12])
+local i = 13
+local acks = {}
+for _ = 1, na do
+  acks[#acks + 1] = {ARGV[i], ARGV[i + 1], ARGV[i + 2]}
+  i = i + 3
 end
-local cur = lease_live(KEYS[1], ARGV[1])
+local failed = {}
+for _ = 1, nf do
+  failed[#failed + 1] = ARGV[i]
+  i = i + 1
+end
+for j = i, #ARGV do
+  local seq = redis.call('HGET', K.ix, ARGV[j])
+  local m = seq and get(seq)
+  if m and (m.st == 'carried' or (m.st == 'held' and m.h == run)) then
+    m.st, m.h, m.n = 'ready', nil, math.max(0, m.n - 1)
+    file(seq, m)
+  end
+end
+adopt(run, token)
+for _, a in ipairs(acks) do ack(run, a[1], a[2], a[3]) end
+for _, sid in ipairs(failed) do
+  local seq = redis.call('HGET', K.ix, sid)
+  local m = seq and get(seq)
+  if m and m.h == run then
+    m.st, m.h = 'ready', nil
+    if ARGV[10] ~= '' then m.e = ARGV[10] end
+    file(seq, m)
+  end
+end
+emptied()
+return reply(1)
+"""
+
+#: ARGV after the header: 8 held '1'/'0', 9 run id for the receipts ('' none), then signal ids
+#: (none: every pending one). Returns {ids withdrawn, ixop, ixscore}.
+WITHDRAW = _INBOX + """
+local seqs = {}
+if #ARGV < 10 then
+  seqs = redis.call('HKEYS', K.em)
+else
+  for j = 10, #ARGV do
+    local seq = redis.call('HGET', K.ix, ARGV[j])
+    if seq then seqs[#seqs + 1] = seq end
+  end
+end
+local removed = {}
+for _, seq in ipairs(seqs) do
+  local m = get(seq)
+  if m and (ARGV[8] == '1' or m.st == 'ready' or m.st == 'later') then
+    removed[#removed + 1] = remove_as(seq, m, 'cancelled', ARGV[9], nil)
+  end
+end
+emptied()
+return reply(removed)
+"""
+
+#: ARGV after the header: 8 at (ms). Returns {ixop, ixscore}.
+LOOK_AT = _INBOX + """
+if redis.call('HLEN', K.em) > 0 and redis.call('HGET', K.meta, 'paused') ~= '1' then
+  index('s', tonumber(ARGV[8]))
+else
+  index('r', 0)
+end
+return reply()
+"""
+
+#: ARGV after the header: 8 '1' pause / '0' resume. Returns {was paused, ixop, ixscore}.
+PAUSE = _INBOX + """
+local was = redis.call('HGET', K.meta, 'paused') == '1'
+if ARGV[8] == '1' then
+  redis.call('HSET', K.meta, 'paused', '1')
+  index('r', 0)
+else
+  redis.call('HDEL', K.meta, 'paused')
+  if redis.call('HLEN', K.em) > 0 then index('a', now) end
+end
+touch()
+if was then return reply(1) end
+return reply(0)
+"""
+
+#: ARGV after the header: 8 purge '1'/'0', then signal ids (none: all). Returns {ids found,
+#: ixop, ixscore}.
+REVIVE = _INBOX + """
+local ids = {}
+if #ARGV < 9 then ids = redis.call('HKEYS', K.dead) else
+  for j = 9, #ARGV do ids[#ids + 1] = ARGV[j] end
+end
+local found = {}
+for _, sid in ipairs(ids) do
+  local raw = redis.call('HGET', K.dead, sid)
+  if raw then
+    found[#found + 1] = sid
+    redis.call('HDEL', K.dead, sid)
+    if ARGV[8] ~= '1' then
+      local d = cjson.decode(raw)
+      local sig = cjson.decode(d.s)
+      local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
+      local m = {i = sid, m = d.m or 'deliver', p = sig.priority or 0, g = sig.merge or 'append',
+                 n = 0, st = 'ready'}
+      if sig.lane then
+        m.l = sig.lane
+        redis.call('ZADD', K.ln, 0, lkey(sig.lane, seq))
+      end
+      redis.call('HSET', K.eb, seq, d.s)
+      redis.call('HSET', K.ix, sid, seq)
+      file(tostring(seq), m)
+      set_receipt(sid, {status = 'pending'})
+      index('a', now)
+    end
+  end
+end
+touch()
+return reply(found)
+"""
+
+#: ARGV after the header: 8 owner, 9 ttl, 10 session, 11 notice prefix. Returns {code, owner,
+#: token, left ms, ixop, ixscore}: code 1 claimed, 0 owned (deferred), 2 nothing ready.
+CLAIM = _INBOX + """
+if redis.call('HLEN', K.em) == 0 or redis.call('HGET', K.meta, 'paused') == '1' then
+  index('r', 0)
+  return reply(2, false, false, 0)
+end
+ripen()
+local cur = lease_live(K.lease, SP)
 if cur then
-  local left = redis.call('PTTL', KEYS[1])
-  if cur[3] then left = redis.call('PTTL', ARGV[1] .. '{' .. cur[3] .. '}') end
-  if left < 0 then left = tonumber(ARGV[4]) end
-  if ARGV[6] == '1' then redis.call('ZADD', KEYS[4], now + left, ARGV[2]) end
-  return {0, cur[1], false, left}
+  local left = redis.call('PTTL', K.lease)
+  if cur[3] then left = redis.call('PTTL', SP .. '{' .. cur[3] .. '}') end
+  if left < 0 then left = tonumber(ARGV[9]) end
+  index('s', now + left)
+  if has_work() then
+    local rt = string.match(cur[1], '^(.*)/[^/]*$')
+    if rt then redis.call('PUBLISH', ARGV[11] .. rt, 'signal\\n' .. THREAD .. '\\n' .. cur[1]) end
+  end
+  return reply(0, cur[1], false, left)
 end
-if not session_alive(ARGV[1], ARGV[5]) then return {3, false, false} end
-local token = lease_grant(KEYS[1], KEYS[2], ARGV[3], ARGV[4], ARGV[5])
-redis.call('HSET', KEYS[6], 'since', at)
-if ARGV[6] == '1' then
-  redis.call('SADD', KEYS[5], ARGV[2])
-  redis.call('ZREM', KEYS[4], ARGV[2])
+if not has_work() then
+  local nd = next_due()
+  if nd then index('s', nd) else emptied() end
+  return reply(2, false, false, 0)
 end
-return {1, ARGV[3], token}
+if not session_alive(SP, ARGV[10]) then return reply(3, false, false, 0) end
+local token = lease_grant(K.lease, K.fence, ARGV[8], ARGV[9], ARGV[10])
+redis.call('HSET', K.meta, 'since', at)
+if IDX == '1' then redis.call('SADD', K.rt, THREAD) end
+index('r', 0)
+return reply(1, ARGV[8], token, 0)
 """
 
-# remove_entry(K, id, sid, run, cfg): withdraw one pending entry (receipt ``cancelled``, part
-# ``signal.cancelled``). K = {inbox, attempts, receipts, stream, meta}.
-_CANCEL_FN = _PARTS_FN + _NOW + """
-local function remove_entry(K, id, sid, run, cfg)
-  redis.call('XDEL', K[1], id)
-  redis.call('HDEL', K[2], id, id .. '@', 'e:' .. sid, 'x:' .. sid)
-  local r = {status = 'cancelled', at = tonumber(at)}
-  if run ~= '' then r.run_id = run end
-  redis.call('HSET', K[3], sid, cjson.encode(r))
-  add_part(K[4], K[5], cfg, 'signal.cancelled', run, sid, '')
-end
+#: ARGV after the header: 8 owner. Returns {released, ixop, ixscore}: 1 when released (or not
+#: held), 0 when ready work is left (the lease is kept).
+RELEASE_IF_IDLE = _INBOX + """
+local paused = redis.call('HGET', K.meta, 'paused') == '1'
+ripen()
+if not paused and has_work() then return reply(0) end
+if redis.call('HGET', K.lease, 'owner') == ARGV[8] then redis.call('DEL', K.lease) end
+if IDX == '1' then redis.call('SREM', K.rt, THREAD) end
+local nd = next_due()
+if paused or redis.call('HLEN', K.em) == 0 then index('r', 0)
+elseif nd then index('s', nd) end
+return reply(1)
 """
 
-#: KEYS: lease, inbox, attempts, receipts, stream, meta, pending shard. ARGV: 1 session prefix
-#: ('': trust 2), 2 run id ('' the current one), 3 reason, 4 clear '1'/'0', 5 notice prefix,
-#: 6 thread, 7 idx, 8 stream cfg. Marks the run aborted and notifies its runtime; with clear,
-#: withdraws every pending signal. Returns the aborted run id, or false (no such active run).
-ABORT = LEASE_FUNCTIONS + _CANCEL_FN + """
-local run = ARGV[2]
-if ARGV[1] ~= '' then
-  local cur = lease_live(KEYS[1], ARGV[1])
-  if not cur or (run ~= '' and cur[1] ~= run) then return false end
+#: ARGV after the header: 8 run id ('' the current one), 9 reason, 10 clear '1'/'0', 11 notice
+#: prefix. Marks the run aborted and notifies its runtime; with clear, withdraws every pending
+#: signal. Returns {aborted run id or false, ixop, ixscore}.
+ABORT = _INBOX + """
+local run = ARGV[8]
+if SP ~= '' then
+  local cur = lease_live(K.lease, SP)
+  if not cur or (run ~= '' and cur[1] ~= run) then return reply(false) end
   run = cur[1]
 end
-if run == '' then return false end
-redis.call('HSET', KEYS[6], 'abort', run)
-if ARGV[4] == '1' then
-  local K = {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}
-  for _, row in ipairs(redis.call('XRANGE', KEYS[2], '-', '+')) do
-    local sid = ''
-    for i = 1, #row[2], 2 do if row[2][i] == 'i' then sid = row[2][i + 1] end end
-    remove_entry(K, row[1], sid, run, ARGV[8])
+if run == '' then return reply(false) end
+redis.call('HSET', K.meta, 'abort', run)
+if ARGV[10] == '1' then
+  for _, seq in ipairs(redis.call('HKEYS', K.em)) do
+    local m = get(seq)
+    if m then remove_as(seq, m, 'cancelled', run, nil) end
   end
-  if ARGV[7] == '1' then redis.call('ZREM', KEYS[7], ARGV[6]) end
+  emptied()
 end
 local rt = string.match(run, '^(.*)/[^/]*$')
 if rt then
-  redis.call('PUBLISH', ARGV[5] .. rt, 'abort\\n' .. ARGV[6] .. '\\n' .. run .. '\\n' .. ARGV[3])
+  redis.call('PUBLISH', ARGV[11] .. rt, 'abort\\n' .. THREAD .. '\\n' .. run .. '\\n' .. ARGV[9])
 end
-return run
-"""
-
-#: KEYS: lease, inbox, attempts, receipts, stream, meta, pending shard. ARGV: 1 session
-#: prefix ('': trust 2), 2 the run whose hand-outs stay, 3 thread, 4 idx, 5 stream cfg, then
-#: signal ids. Withdraws each pending signal no live run holds; returns the ids withdrawn.
-CANCEL = LEASE_FUNCTIONS + _CANCEL_FN + """
-local owner = ARGV[2]
-if ARGV[1] ~= '' then
-  local cur = lease_live(KEYS[1], ARGV[1])
-  owner = cur and cur[1] or ''
-end
-local K = {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}
-local removed = {}
-for i = 6, #ARGV do
-  local sid = ARGV[i]
-  local id = redis.call('HGET', KEYS[3], 'x:' .. sid)
-  if id and #redis.call('XRANGE', KEYS[2], id, id) > 0 then
-    local holder = redis.call('HGET', KEYS[3], id .. '@')
-    if owner == '' or holder ~= owner then
-      remove_entry(K, id, sid, '', ARGV[5])
-      removed[#removed + 1] = sid
-    end
-  end
-end
-if ARGV[4] == '1' and redis.call('XLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[7], ARGV[3]) end
-return removed
-"""
-
-#: KEYS: attempts. ARGV: 1 run id, then entry ids. Takes back the hand-out counted for each
-#: entry last delivered to the run (read ahead, never handed to its agent).
-UNDELIVER = """
-for i = 2, #ARGV do
-  local id = ARGV[i]
-  if redis.call('HGET', KEYS[1], id .. '@') == ARGV[1] then
-    if tonumber(redis.call('HGET', KEYS[1], id) or '0') > 0 then
-      redis.call('HINCRBY', KEYS[1], id, -1)
-    end
-    redis.call('HDEL', KEYS[1], id .. '@')
-  end
-end
-return 1
+return reply(run)
 """

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from _signal_leases.keys import SignalKeys
     from _signal_leases.logs import Logger
-    from signals._store import PartIn
+    from signals.kit._capabilities import PartIn
 
 __all__ = ["RedisFollower", "RedisOutput"]
 

@@ -1,8 +1,10 @@
 """The cross-thread half of :class:`~signals.RedisSignalStore`: pending index, runtime
 registry and notices (see ``_signal_leases.keys.SignalKeys`` for the key names).
 
-* The pending index is sharded over ``SignalKeys.shards`` sorted sets (thread -> first time
-  indexed, in ms), so no single slot of a Cluster is hot.
+* The pending index is sharded over ``SignalKeys.shards`` sorted sets (thread -> when to look
+  at it next, in ms), so no single slot of a Cluster is hot. A thread a fused claim took leaves
+  the index; its runtime's thread set names it instead, until that runtime's presence lapses
+  and :meth:`RedisPresence.due` indexes its threads again.
 * A runtime's presence is a hash with a TTL, refreshed by the runtime; the registry sorted set
   lists runtimes so that a dead one (presence gone) can be found and its threads indexed.
 * Notices are pub/sub messages ``kind\nthread\nrun\nreason`` on ``<prefix>:notice:<runtime>``
@@ -22,7 +24,8 @@ import anyio
 
 from _signal_leases.errors import BackendError
 from _signal_leases.redis_support import is_cluster, node_reader_client, refresh_slots, text
-from signals._store import Notice, RuntimeInfo, decode_entry
+from signals.kit._capabilities import Notice, RuntimeInfo
+from signals.kit._core import Due, decode_entry
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -49,38 +52,35 @@ class RedisPresence:
     def _pipeline(self, what: str) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError
 
-    async def index(self, thread_key: str) -> None:
-        """Put ``thread_key`` in the pending index (its owner is gone; recovery looks)."""
-        await self._index([thread_key])
-
     async def _index(self, threads: Sequence[str]) -> None:
         now = time.time() * 1000
         async with self._pipeline("pending index update") as pipe:
             for thread in threads:
-                pipe.zadd(self.keys.pending_shard(thread), {thread: now}, nx=True)
+                pipe.zadd(self.keys.pending_shard(thread), {thread: now}, lt=True)
             await pipe.execute()
 
-    async def defer(self, thread_key: str, delay_ms: int) -> None:
-        """Keep ``thread_key`` in the pending index but out of ``pending_threads`` for
-        ``delay_ms`` (its owner looked alive: look again once its lease would expire)."""
-        async with self._errors("pending index update"):
-            await self.client.zadd(self.keys.pending_shard(thread_key),
-                                   {thread_key: time.time() * 1000 + delay_ms})
-
-    async def pending_threads(self, *, limit: int = 100, min_age_ms: int = 0) -> list[str]:
-        horizon = time.time() * 1000 - min_age_ms
+    async def due(self, *, limit: int = 100, until: float | None = None) -> Due:
+        """Threads due by ``until`` (after indexing the threads of runtimes whose presence
+        lapsed), the longest-due first, and the next due time after ``until``."""
+        for runtime_id in await self._orphan_dead_runtimes():
+            self._log.info("signals.runtime_dead", dead_runtime_id=runtime_id)
+        now = time.time() * 1000
+        horizon = now if until is None else min(until * 1000, 1e300)
         per_shard = max(1, -(-limit // self.keys.shards))
         async with self._pipeline("pending index read") as pipe:
             for n in range(self.keys.shards):
                 pipe.zrangebyscore(self.keys.shard(n), "-inf", horizon, start=0, num=per_shard,
                                    withscores=True)
+            for n in range(self.keys.shards):
+                pipe.zrangebyscore(self.keys.shard(n), f"({max(horizon, now)}", "+inf",
+                                   start=0, num=1, withscores=True)
             replies = await pipe.execute()
-        rows = sorted((score, text(member)) for reply in replies for member, score in reply)
-        return [thread for _, thread in rows][:limit]
-
-    async def unindex(self, thread_key: str) -> None:
-        async with self._errors("pending index update"):
-            await self.client.zrem(self.keys.pending_shard(thread_key), thread_key)
+        shards = self.keys.shards
+        rows = sorted((score, text(member)) for reply in replies[:shards]
+                      for member, score in reply)
+        later = [score for reply in replies[shards:] for _, score in reply]
+        return Due([thread for _, thread in rows][:limit],
+                   min(later) / 1000 if later else None)
 
     async def register_runtime(self, info: RuntimeInfo, ttl_ms: int) -> None:
         key = self.keys.runtime(info.runtime_id)
@@ -139,7 +139,7 @@ class RedisPresence:
             rows = await pipe.execute()
         return list(zip(ids, rows, strict=True))
 
-    async def orphan_dead_runtimes(self) -> list[str]:
+    async def _orphan_dead_runtimes(self) -> list[str]:
         async with self._errors("runtime registry read"):
             dead = [rid for rid, row in await self._registered() if not row]
         for rid in dead:
@@ -235,13 +235,14 @@ class RedisPresence:
 
 def _notice(data: Any) -> Notice:
     kind, thread_key, run_id, reason, carried = (text(data).split("\n", 4) + [""] * 5)[:5]
-    if kind not in ("signal", "work", "abort", "resync"):
+    if kind not in ("signal", "work", "due", "pause", "abort", "resync"):
         kind = "resync"  # unknown: treat as "look at everything"
     entry = None
     if carried:
         entry_id, _, raw = carried.partition(" ")
         try:
-            entry = decode_entry(entry_id, raw, "deliver", 1, delivered=1)
+            entry = decode_entry(entry_id, raw, "deliver", 1, state="carried",
+                                 holder=run_id or None)
         except (KeyError, TypeError, ValueError):
-            entry = None  # the run reads it instead
+            entry = None  # the run takes it instead
     return Notice(kind, thread_key, run_id or None, reason or None, entry)  # type: ignore[arg-type]

@@ -1,15 +1,16 @@
-"""``RedisSignalStore``: the durable store on Redis (accepted signals survive any crash).
+"""``RedisSignalStore``: the durable core on Redis (accepted signals survive any crash).
 
-Key layout: ``_signal_leases.keys.SignalKeys``; scripts: :mod:`signals._backends.redis.lua`. Each
-store call is one round trip. Notices are Redis pub/sub messages, published from inside the
-scripts, on ``<prefix>:notice:<runtime id>`` and ``<prefix>:work``; a runtime listens on one
-connection for both, and after every reconnect hands its handler a ``resync`` notice.
-On a Cluster the cross-thread index is updated in separate calls (see ``_redis_lua``).
-The cross-thread parts (pending index, runtime registry, notices) are in
-:mod:`signals._backends.redis.presence`.
+Key layout: ``_signal_leases.keys.SignalKeys``; scripts: :mod:`signals._backends.redis.lua`
+(one script, one round trip, per core call). It has every optional capability: notices are
+Redis pub/sub messages published from inside the scripts, on ``<prefix>:notice:<runtime
+id>`` and ``<prefix>:work``; the runtime registry and the pending index are in ``presence``;
+output streams and their follower in ``output``; and with the ``RedisLeaseProvider`` of the
+same Redis, the fused calls (a routed signal costs two round trips: route, then ack).
 
-Over 400 lines on purpose: one method per store call, each a thin wrapper around one Lua
-script of ``_redis_lua``; the stream and dead-letter halves already live in their own modules.
+On a Cluster the cross-thread index (another slot) is updated in a separate call after the
+per-thread script, in a crash-safe order (see ``lua``'s module docstring).
+
+Over 400 lines on purpose: one method per core call, each a thin wrapper around one script.
 """
 
 from __future__ import annotations
@@ -30,29 +31,33 @@ from _signal_leases.redis_support import (
     text,
 )
 from _signal_leases.validation import check_int, check_str
-from signals._backends.redis.dead import RedisDeadLetters
 from signals._backends.redis.lua import (
     ABORT,
-    ACK,
-    CANCEL,
-    CLAIM_PENDING,
-    DELIVER,
-    READ,
+    ACCEPT,
+    CLAIM,
+    KEY_NAMES,
+    LOOK_AT,
+    PAUSE,
     RELEASE_IF_IDLE,
-    ROUTE,
-    UNDELIVER,
+    REVIVE,
+    SETTLE,
+    TAKE,
+    WITHDRAW,
 )
 from signals._backends.redis.output import RedisOutput
+from signals._backends.redis.presence import RedisPresence
 from signals._model import EntryMode, Receipt, Signal
-from signals._store import (
-    CARRY_LIMIT,
+from signals.kit._capabilities import CARRY_LIMIT, Claim, Claimed, Routed
+from signals.kit._core import (
+    NO_LIMITS,
     Accepted,
     Ack,
-    Claim,
+    DeadLetter,
     InboxEntry,
-    InboxPage,
-    Notice,
-    Routed,
+    Limits,
+    RunRef,
+    Taken,
+    ThreadState,
     decode_entry,
 )
 
@@ -69,8 +74,12 @@ logger = get_logger("signals")
 DAY_MS = 86_400_000
 
 
-class RedisSignalStore(RedisOutput, RedisDeadLetters):
-    """A durable :class:`~signals.SignalStore` on Redis.
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else str(int(seconds * 1000))
+
+
+class RedisSignalStore(RedisOutput, RedisPresence):
+    """A durable :class:`~signals.kit.SignalCore` on Redis, with every capability.
 
     Give exactly one of ``url`` or ``client`` (only a client built from ``url`` is closed by
     :meth:`aclose`); the client options ``cluster``, ``socket_timeout`` (2 s),
@@ -82,11 +91,10 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
     ``stream_max_parts`` / ``stream_retention_ms``: what each thread's output stream keeps
     (default 10,000 parts, 24 h).
 
-    ``wait_replicas=N`` (default 0: off) follows every scripted write (accept and route, so a
-    signal is reported accepted only once ``N`` replicas have it; delivery, ack, claim,
-    release, abort, cancel) with ``WAIT N wait_timeout_ms`` on the same connection, and
-    raises :class:`BackendUnavailableError` when fewer replicas acknowledged in time (the
-    write may still have been applied: resend with the same signal id). See docs/cluster.md.
+    ``wait_replicas=N`` (default 0: off) follows every scripted write with ``WAIT N
+    wait_timeout_ms`` on the same connection, and raises :class:`BackendUnavailableError`
+    when fewer replicas acknowledged in time (the write may still have been applied: resend
+    with the same signal id). See docs/cluster.md.
     """
 
     def __init__(
@@ -119,27 +127,20 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
             self._stream_cfg += ":1"  # announce new parts on sharded pub/sub (see the follower)
         self._idx = "0" if self._handle.cluster else "1"
         register = self.client.register_script
-        self._route = register(ROUTE)
-        self._read = register(READ)
-        self._deliver = register(DELIVER)
-        self._ack = register(ACK)
-        self._release = register(RELEASE_IF_IDLE)
-        self._claim = register(CLAIM_PENDING)
-        self._abort = register(ABORT)
-        self._cancel = register(CANCEL)
-        self._undeliver = register(UNDELIVER)
+        self._lua = {name: register(src) for name, src in (
+            ("accept", ACCEPT), ("take", TAKE), ("settle", SETTLE), ("withdraw", WITHDRAW),
+            ("look_at", LOOK_AT), ("pause", PAUSE), ("revive", REVIVE), ("claim", CLAIM),
+            ("release", RELEASE_IF_IDLE), ("abort", ABORT),
+        )}
         self._log: Logger = logger.bind()
 
     async def aclose(self) -> None:
         """Close the client if this store built it."""
         await self._handle.aclose()
 
-    def _lease_keys(self) -> tuple[Any, str]:
-        keys = getattr(self.leases, "keys", None)
+    def _session_prefix(self) -> str:
         prefix = getattr(self.leases, "key_prefix", None)
-        if keys is None or prefix is None:
-            raise TypeError("fused calls need leases=RedisLeaseProvider(...) on the same Redis")
-        return keys, f"{prefix}:session:"
+        return "" if self.leases is None or prefix is None else f"{prefix}:session:"
 
     @asynccontextmanager
     async def _errors(self, what: str) -> AsyncIterator[None]:
@@ -157,161 +158,177 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
         async with self._errors(what), self.client.pipeline(transaction=False) as pipe:
             yield pipe
 
-    async def _script(self, script: Any, what: str, keys: list[str], args: list[Any]) -> Any:
-        async with self._errors(what):
-            if self._handle.wait_replicas:
-                return (await self._handle.eval_many(self.client, script, [(keys, args)], what))[0]
-            return await script(keys=keys, args=args)
+    # -- calling a script -------------------------------------------------------------------
 
-    # -- inbox -----------------------------------------------------------------------------
-
-    def _route_keys(self, thread_key: str, claim: Claim | None) -> list[str]:
-        lease_keys, _ = self._lease_keys() if self.leases is not None else (None, "")
+    def _keys(self, thread_key: str, runtime_id: str | None = None) -> list[str]:
         k = self.keys
-        keys = [k.thread(thread_key, "inbox"), k.thread(thread_key, "seen"),
-                k.thread(thread_key, "receipts")]
+        keys = [k.thread(thread_key, name) for name in KEY_NAMES[:14]]
+        lease_keys = getattr(self.leases, "keys", None)
         if lease_keys is not None:
             keys += [lease_keys.lease(thread_key), lease_keys.fence(thread_key)]
         else:
             keys += [k.thread(thread_key, "lease"), k.thread(thread_key, "fence")]  # unused
         if self._idx == "1":
             keys.append(k.pending_shard(thread_key))
-            keys.append(k.runtime_threads(claim.runtime_id) if claim else keys[0])
+            keys.append(k.runtime_threads(runtime_id) if runtime_id else keys[0])
         else:
-            keys += [keys[0], keys[0]]  # not touched on a Cluster (idx '0')
-        return [*keys, k.thread(thread_key, "attempts"), k.thread(thread_key, "meta"),
-                k.thread(thread_key, "stream")]
+            keys += [keys[0], keys[0]]  # Cluster: not touched (another slot)
+        return keys
 
-    async def _do_route(
-        self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
-        sender: str | None, wake_workers: bool, index_only: bool,
-    ) -> Routed:
-        session_prefix = self._lease_keys()[1] if self.leases is not None else ""
-        if claim is not None and self._idx == "0":  # Cluster: track before we can own it
-            await self.track_threads(claim.runtime_id, add=[thread_key])
-        args = [
-            session_prefix, thread_key, signal.id, signal.encode(), mode, self.retention_ms,
-            self.max_receipts, self.idle_ttl_ms,
-            claim.owner if claim else "", claim.ttl_ms if claim else 0,
-            (claim.session or "") if claim else "", sender or "", self.keys.notice_prefix,
-            self.keys.work_channel, "1" if wake_workers else "0", self._idx,
-            "1" if index_only else "0", self._stream_cfg, CARRY_LIMIT,
+    def _header(self, thread_key: str) -> list[Any]:
+        return [thread_key, self._idx, self._session_prefix(), self._stream_cfg,
+                self.retention_ms, self.max_receipts, self.idle_ttl_ms]
+
+    async def _run(self, name: str, thread_key: str, args: Sequence[Any], what: str, *,
+                   runtime_id: str | None = None) -> list[Any]:
+        script = self._lua[name]
+        keys = self._keys(thread_key, runtime_id)
+        argv = [*self._header(thread_key), *args]
+        async with self._errors(what):
+            if self._handle.wait_replicas:
+                reply = (await self._handle.eval_many(self.client, script, [(keys, argv)],
+                                                      what))[0]
+            else:
+                reply = await script(keys=keys, args=argv)
+        *out, ixop, ixscore = reply
+        if self._idx == "0" and ixop:
+            await self._apply_index(thread_key, text(ixop), float(text(ixscore)))
+        return list(out)
+
+    async def _apply_index(self, thread_key: str, op: str, score: float) -> None:
+        """Cluster: the index change a script returned, in its own call."""
+        shard = self.keys.pending_shard(thread_key)
+        async with self._errors("pending index update"):
+            if op == "a":
+                await self.client.zadd(shard, {thread_key: score}, lt=True)
+            elif op == "s":
+                await self.client.zadd(shard, {thread_key: score})
+            elif op == "r":
+                await self.client.zrem(shard, thread_key)
+
+    # -- the core ---------------------------------------------------------------------------
+
+    def _accept_args(self, signal: Signal, mode: EntryMode, limits: Limits) -> list[Any]:
+        return [
+            signal.id, signal.encode(), mode, signal.priority, signal.lane or "", signal.merge,
+            signal.cache_key or "", "1" if signal.cache_key is not None else "0",
+            _ms(signal.not_before), _ms(signal.expires_at),
+            "" if signal.debounce_ms is None else signal.debounce_ms,
+            "" if signal.max_wait_ms is None else signal.max_wait_ms,
+            "" if limits.max_pending is None else limits.max_pending, limits.overflow,
         ]
-        reply = await self._script(
-            self._route, f"send to thread {thread_key!r}", self._route_keys(thread_key, claim), args
+
+    def _accepted(self, signal: Signal, reply: list[Any]) -> tuple[Accepted, list[Any]]:
+        outcome, entry, receipt, reason, superseded, dropped, due, *rest = reply
+        outcome = text(outcome)
+        if outcome == "duplicate":
+            rec = _receipt(signal.id, receipt) if receipt else None
+        elif outcome == "fresh":
+            rec = Receipt(signal.id, text(receipt), at=time.time())  # type: ignore[arg-type]
+        else:
+            rec = None
+        accepted = Accepted(
+            outcome, str(as_int(entry)) if entry else None, rec,  # type: ignore[arg-type]
+            text(reason) if reason else None, tuple(text(s) for s in superseded),
+            tuple(text(s) for s in dropped), float(text(due)) / 1000 if due else None,
         )
-        fresh, entry_id, receipt, owner, claimed, token, *carried = reply
-        routed = Routed(
-            fresh=as_int(fresh) == 1,
-            entry_id=text(entry_id) if entry_id else None,
-            receipt=_receipt(signal.id, receipt) if receipt else None,
-            owner=text(owner) if owner else None,
-            claimed=as_int(claimed) == 1,
-            token=as_int(token) if token else None,
-            carried=bool(carried) and as_int(carried[0]) == 1,
-        )
-        if (self._idx == "0" and _to_index(routed) and routed.owner is None
-                and not routed.claimed):
-            await self._index([thread_key])
-            if wake_workers:
-                await self.notify(None, Notice("work", thread_key))
-        return routed
+        return accepted, rest
 
-    async def accept(self, thread_key: str, signal: Signal, mode: EntryMode) -> Accepted:
-        routed = await self._do_route(
-            thread_key, signal, mode, claim=None, sender=None, wake_workers=False, index_only=True
-        )
-        if self._idx == "0" and _to_index(routed):
-            await self._index([thread_key])
-        return Accepted(routed.fresh, routed.entry_id, routed.receipt)
+    async def accept(
+        self, thread_key: str, signal: Signal, mode: EntryMode, *, limits: Limits = NO_LIMITS
+    ) -> Accepted:
+        args = [*self._accept_args(signal, mode, limits), "0", "", 0, "", "", "", "", "0",
+                CARRY_LIMIT]
+        reply = await self._run("accept", thread_key, args, f"send to thread {thread_key!r}")
+        accepted, _ = self._accepted(signal, reply)
+        if self._idx == "0" and accepted.outcome == "duplicate" and accepted.receipt is not None \
+                and accepted.receipt.status in ("pending", "scheduled"):
+            await self._apply_index(thread_key, "a", time.time() * 1000)  # see _redo_index
+        return accepted
 
-    def _delivery_keys(self, thread_key: str) -> tuple[list[str], str]:
-        k = self.keys
-        keys = [k.thread(thread_key, p) for p in ("inbox", "attempts", "receipts", "dead")]
-        keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
-        lease, session_prefix = self._fence(thread_key)
-        keys += [lease, k.thread(thread_key, "stream"), k.thread(thread_key, "meta")]
-        return keys, session_prefix
-
-    async def read(
-        self, thread_key: str, *, after: str | None = None, limit: int = 100,
-        max_bytes: int = 1 << 20, deliver_to: str | None = None, max_attempts: int = 5,
-        skip_queued: bool = False,
-    ) -> InboxPage:
-        start = "-" if after is None else f"({after}"
-        keys, session_prefix = self._delivery_keys(thread_key)
-        args = [start, limit, max_bytes, deliver_to or "", max_attempts, thread_key, self._idx,
-                session_prefix, "1" if skip_queued else "0", self._stream_cfg]
-        more, *rows = await self._script(self._read, "inbox read", keys, args)
-        entries: list[InboxEntry] = []
-        for raw_id, flat, attempts, delivered in rows:
-            entry_id = text(raw_id)
-            fields = {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
-            try:
-                entries.append(
-                    decode_entry(entry_id, fields["s"], text(fields.get("m", b"deliver")),
-                                 as_int(attempts), as_int(delivered))
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                # It could never be processed: drop it rather than block the thread.
-                self._log.warning("signals.inbox_entry_dropped", key=thread_key,
-                                  entry_id=entry_id, error=repr(exc))
-                await self.client.xdel(keys[0], entry_id)
-        return InboxPage.of(entries, as_int(more) == 1)
-
-    async def deliver(
-        self, thread_key: str, entry_id: str, signal_id: str, run_id: str, *, max_attempts: int
-    ) -> int:
-        keys, session_prefix = self._delivery_keys(thread_key)
-        args = [entry_id, run_id, max_attempts, thread_key, self._idx, session_prefix,
-                self._stream_cfg]
-        return as_int(await self._script(self._deliver, "inbox delivery", keys, args))
-
-    def _fence(self, thread_key: str) -> tuple[str, str]:
-        """The lease key and session prefix the fenced scripts check ('' when unfenced)."""
-        if self.leases is None:
-            return self.keys.thread(thread_key, "inbox"), ""
-        lease_keys, session_prefix = self._lease_keys()
-        return lease_keys.lease(thread_key), session_prefix
-
-    async def ack(self, thread_key: str, acks: Sequence[Ack]) -> bool:
-        if not acks:
-            return True
-        return (await self.ack_and_deliver(thread_key, acks, None, max_attempts=0))[0]
-
-    async def ack_and_deliver(
-        self, thread_key: str, acks: Sequence[Ack], next_entry: str | None, *, max_attempts: int
-    ) -> tuple[bool, int]:
-        """``ack``, then deliver ``next_entry`` to the same run in the same step; returns
-        (acknowledged, the delivery's result as ``deliver`` gives it, 0 with no entry)."""
-        keys, session_prefix = self._delivery_keys(thread_key)
-        args: list[Any] = [thread_key, self._idx, session_prefix, acks[0].run_id,
-                           self._stream_cfg, next_entry or "", max_attempts]
+    async def take(
+        self, thread_key: str, run: RunRef, *, acks: Sequence[Ack] = (), max_attempts: int,
+        first: bool = False,
+    ) -> Taken:
+        args: list[Any] = [run.run_id, "" if run.token is None else run.token, max_attempts,
+                           "1" if first else "0"]
         for a in acks:
             args += [a.entry_id, a.signal_id, a.result or ""]
-        ok, delivered, *empty = await self._script(self._ack, "inbox ack", keys, args)
-        if self._idx == "0" and empty and as_int(empty[0]) == 1:
-            await self.unindex(thread_key)  # Cluster: after the ack (a crash leaves it indexed)
-        return as_int(ok) == 1, as_int(delivered)
+        status, rows, more, due, dead = await self._run("take", thread_key, args, "inbox take")
+        status = text(status)
+        if status == "fenced":
+            return Taken(fenced=True)
+        entries = []
+        for number, body, mode, attempts, state in rows:
+            entries.append(self._entry(thread_key, str(as_int(number)), body, mode, attempts,
+                                       text(state)))
+        return Taken(
+            tuple(e for e in entries if e is not None), paused=status == "paused",
+            stopped=status == "stopped", more=as_int(more) == 1,
+            next_due=float(text(due)) / 1000 if due else None,
+            dead=tuple(text(d) for d in dead),
+        )
 
-    async def note_failure(self, thread_key: str, signal_ids: Sequence[str], error: str) -> None:
-        if signal_ids:
-            async with self._errors("inbox note"):
-                await self.client.hset(
-                    self.keys.thread(thread_key, "attempts"),
-                    mapping={f"e:{sid}": error[:2000] for sid in signal_ids},
-                )
+    def _entry(self, thread_key: str, entry_id: str, body: Any, mode: Any, attempts: Any,
+               state: str, holder: str | None = None, due: float | None = None
+               ) -> InboxEntry | None:
+        try:
+            return decode_entry(entry_id, body, text(mode), as_int(attempts),
+                                state=state, holder=holder, due_at=due)  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError) as exc:
+            self._log.warning("signals.inbox_entry_dropped", key=thread_key, entry_id=entry_id,
+                              error=repr(exc))
+            return None
 
-    async def undeliver(self, thread_key: str, run_id: str, entry_ids: Sequence[str]) -> None:
-        """Take back the hand-out counted for each entry last delivered to ``run_id``: the run
-        read it ahead but never handed it to its agent (see ``Run.give_back``)."""
-        if entry_ids:
-            await self._script(self._undeliver, "inbox undelivery",
-                               [self.keys.thread(thread_key, "attempts")], [run_id, *entry_ids])
+    async def settle(
+        self, thread_key: str, run: RunRef, *, acks: Sequence[Ack] = (),
+        failed: Sequence[str] = (), returned: Sequence[str] = (), error: str | None = None,
+    ) -> bool:
+        args: list[Any] = [run.run_id, "" if run.token is None else run.token,
+                           (error or "")[:2000], len(acks), len(failed)]
+        for a in acks:
+            args += [a.entry_id, a.signal_id, a.result or ""]
+        args += [*failed, *returned]
+        [ok] = await self._run("settle", thread_key, args, "inbox settle")
+        return as_int(ok) == 1
 
-    async def pending_count(self, thread_key: str) -> int:
-        async with self._errors("inbox count"):
-            return int(await self.client.xlen(self.keys.thread(thread_key, "inbox")))
+    async def withdraw(
+        self, thread_key: str, signal_ids: Sequence[str] | None, *, held: bool = False,
+        run_id: str = "",
+    ) -> list[str]:
+        if signal_ids is not None and not signal_ids:
+            return []
+        args = ["1" if held else "0", run_id, *(signal_ids or ())]
+        [removed] = await self._run("withdraw", thread_key, args,
+                                    f"cancel on thread {thread_key!r}")
+        return [text(s) for s in removed]
+
+    async def entries(
+        self, thread_key: str, *, limit: int = 100, offset: int = 0
+    ) -> list[InboxEntry]:
+        k = self.keys
+        async with self._pipeline("inbox read") as pipe:
+            pipe.hgetall(k.thread(thread_key, "em"))
+            pipe.hgetall(k.thread(thread_key, "eb"))
+            metas, bodies = await pipe.execute()
+        rows = []
+        for raw_seq, raw_meta in metas.items():
+            seq = text(raw_seq)
+            meta = json.loads(raw_meta)
+            body = bodies.get(raw_seq)
+            if body is None:
+                continue
+            rows.append((-int(meta.get("p", 0)), int(seq), seq, meta, body))
+        rows.sort()
+        out = []
+        for _, _, seq, meta, body in rows[offset: offset + limit]:
+            due = meta.get("d")
+            entry = self._entry(thread_key, seq, body, meta.get("m", "deliver"), meta.get("n", 0),
+                                meta.get("st", "ready"), meta.get("h"),
+                                due / 1000 if due is not None else None)
+            if entry is not None:
+                out.append(entry)
+        return out
 
     async def receipt(self, thread_key: str, signal_id: str) -> Receipt | None:
         k = self.keys
@@ -323,7 +340,60 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
             return None
         return _receipt(signal_id, raw)
 
-    # -- dead letters ----------------------------------------------------------------------
+    async def look_at(self, thread_key: str, at: float) -> None:
+        await self._run("look_at", thread_key, [int(at * 1000)], "pending index update")
+
+    async def pause(self, thread_key: str, paused: bool) -> bool:
+        [was] = await self._run("pause", thread_key, ["1" if paused else "0"],
+                                f"pause of thread {thread_key!r}")
+        return as_int(was) == 1
+
+    async def describe(self, thread_keys: Sequence[str]) -> dict[str, ThreadState]:
+        k = self.keys
+        async with self._pipeline("thread info read") as pipe:
+            for t in thread_keys:
+                pipe.hgetall(k.thread(t, "meta"))
+                pipe.hlen(k.thread(t, "em"))
+                pipe.zcard(k.thread(t, "rq"))
+                pipe.hlen(k.thread(t, "hd"))
+                pipe.zrange(k.thread(t, "lt"), 0, 0, withscores=True)
+            replies = await pipe.execute()
+        out: dict[str, ThreadState] = {}
+        now_ms = time.time() * 1000
+        for i, thread in enumerate(thread_keys):
+            meta, pending, ready, held, first = replies[5 * i: 5 * i + 5]
+            raw = {text(a): text(b) for a, b in (meta or {}).items()}
+            due_ms = float(first[0][1]) if first else None
+            out[thread] = ThreadState(
+                pending=int(pending),
+                ready=int(ready) > 0 or int(held) > 0 or (due_ms is not None and due_ms <= now_ms),
+                paused=raw.get("paused") == "1",
+                last=float(raw["last"]) if "last" in raw else None,
+                since=float(raw["since"]) if "since" in raw else None,
+                run=raw.get("run"), next_due=due_ms / 1000 if due_ms is not None else None,
+                abort=raw.get("abort"),
+            )
+        return out
+
+    async def dead_letters(self, thread_key: str, *, limit: int = 100) -> list[DeadLetter]:
+        async with self._errors("dead-letter read"):
+            raw: Any = await self.client.hgetall(self.keys.thread(thread_key, "dead"))
+        out = []
+        for value in raw.values():
+            obj = json.loads(value)
+            signal = Signal.from_dict(json.loads(obj["s"]), mode=obj.get("m", "deliver"))
+            out.append(DeadLetter(signal, int(obj["n"]), obj.get("e") or None, float(obj["at"])))
+        return sorted(out, key=lambda d: d.at)[:limit]
+
+    async def revive(
+        self, thread_key: str, signal_ids: Sequence[str] | None, *, purge: bool = False
+    ) -> list[str]:
+        if signal_ids is not None and not signal_ids:
+            return []
+        [found] = await self._run("revive", thread_key, ["1" if purge else "0",
+                                                         *(signal_ids or ())],
+                                  "dead-letter retry")
+        return [text(s) for s in found]
 
     # -- fused calls -----------------------------------------------------------------------
 
@@ -333,110 +403,70 @@ class RedisSignalStore(RedisOutput, RedisDeadLetters):
 
     async def route(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
-        sender: str | None, wake_workers: bool,
+        sender: str | None, wake_workers: bool, limits: Limits = NO_LIMITS,
     ) -> Routed:
-        return await self._do_route(
-            thread_key, signal, mode, claim=claim, sender=sender, wake_workers=wake_workers,
-            index_only=False,
-        )
+        if claim is not None and self._idx == "0":  # Cluster: track before we can own it
+            await self.track_threads(claim.runtime_id, add=[thread_key])
+        args = [
+            *self._accept_args(signal, mode, limits), "1",
+            claim.owner if claim else "", claim.ttl_ms if claim else 0,
+            (claim.session or "") if claim else "", sender or "", self.keys.notice_prefix,
+            self.keys.work_channel, "1" if wake_workers else "0", CARRY_LIMIT,
+        ]
+        reply = await self._run("accept", thread_key, args, f"send to thread {thread_key!r}",
+                                runtime_id=claim.runtime_id if claim else None)
+        accepted, (owner, claimed, token, carried) = self._accepted(signal, reply)
+        routed = Routed(accepted, text(owner) if owner else None, as_int(claimed) == 1,
+                        as_int(token) if token else None, as_int(carried) == 1)
+        if self._idx == "0":
+            await self._redo_index(thread_key, routed, wake_workers)
+        return routed
 
-    async def release_if_idle(self, thread_key: str, owner: str, runtime_id: str) -> bool:
-        lease_keys, _ = self._lease_keys()
-        keys = [lease_keys.lease(thread_key), self.keys.thread(thread_key, "inbox")]
-        keys.append(self.keys.runtime_threads(runtime_id) if self._idx == "1" else keys[1])
-        reply = await self._script(self._release, f"release of thread {thread_key!r}", keys,
-                                   [owner, thread_key, self._idx])
-        released = as_int(reply) == 1
-        if released and self._idx == "0":
-            await self.track_threads(runtime_id, remove=[thread_key])
-        return released
+    async def _redo_index(self, thread_key: str, routed: Routed, wake_workers: bool) -> None:
+        """Cluster: a pending duplicate indexes its thread again (its first sender may have
+        died between the inbox write and the index write); a work notice goes out after the
+        index write."""
+        accepted = routed.accepted
+        receipt = accepted.receipt
+        if accepted.outcome == "duplicate" and receipt is not None and \
+                receipt.status in ("pending", "scheduled") and routed.owner is None:
+            await self._apply_index(thread_key, "a", time.time() * 1000)
 
-    async def claim_pending(self, thread_key: str, claim: Claim) -> Routed:
-        lease_keys, session_prefix = self._lease_keys()
+    async def claim(self, thread_key: str, claim: Claim) -> Claimed:
         if self._idx == "0":
             await self.track_threads(claim.runtime_id, add=[thread_key])
-        keys = [lease_keys.lease(thread_key), lease_keys.fence(thread_key),
-                self.keys.thread(thread_key, "inbox")]
-        keys += ([self.keys.pending_shard(thread_key), self.keys.runtime_threads(claim.runtime_id)]
-                 if self._idx == "1" else [keys[2], keys[2]])
-        keys.append(self.keys.thread(thread_key, "meta"))
-        args = [session_prefix, thread_key, claim.owner, claim.ttl_ms, claim.session or "",
-                self._idx]
-        code, owner, token, *left = await self._script(
-            self._claim, f"claim of thread {thread_key!r}", keys, args
+        args = [claim.owner, claim.ttl_ms, claim.session or "", self.keys.notice_prefix]
+        code, owner, token, _left = await self._run(
+            "claim", thread_key, args, f"claim of thread {thread_key!r}",
+            runtime_id=claim.runtime_id,
         )
         code = as_int(code)
-        if self._idx == "0" and code in (1, 2):
-            await self.unindex(thread_key)  # Cluster: after the claim (tracked before it)
-        elif self._idx == "0" and code == 0:
-            await self.defer(thread_key, as_int(left[0]) if left else claim.ttl_ms)
         if code == 1:
-            return Routed(owner=claim.owner, claimed=True, token=as_int(token))
+            return Claimed(claimed=True, owner=claim.owner, token=as_int(token))
+        if self._idx == "0":
+            await self.track_threads(claim.runtime_id, remove=[thread_key])
         if code == 0:
-            return Routed(owner=text(owner))
-        return Routed(empty=code == 2)
+            return Claimed(owner=text(owner))
+        return Claimed(empty=code == 2)
 
-
-    # -- control: abort and cancel -----------------------------------------------------------
-
-    def _control_keys(self, thread_key: str) -> tuple[list[str], str]:
-        k = self.keys
-        lease, session_prefix = self._fence(thread_key)
-        keys = [lease, *(k.thread(thread_key, p) for p in ("inbox", "attempts", "receipts",
-                                                            "stream", "meta"))]
-        keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[1])
-        return keys, session_prefix
+    async def release_if_idle(self, thread_key: str, owner: str, runtime_id: str) -> bool:
+        [released] = await self._run("release", thread_key, [owner],
+                                     f"release of thread {thread_key!r}", runtime_id=runtime_id)
+        if as_int(released) == 1 and self._idx == "0":
+            await self.track_threads(runtime_id, remove=[thread_key])
+        return as_int(released) == 1
 
     async def abort(
         self, thread_key: str, run_id: str | None, *, reason: str, clear: bool
     ) -> str | None:
         """Abort ``run_id`` (default: the live owner) if it holds the thread; see the
-        contract. Returns the aborted run id or ``None``."""
-        keys, session_prefix = self._control_keys(thread_key)
-        args = [session_prefix, run_id or "", reason, "1" if clear else "0",
-                self.keys.notice_prefix, thread_key, self._idx, self._stream_cfg]
-        run = await self._script(self._abort, f"abort on thread {thread_key!r}", keys, args)
+        capability. Returns the aborted run id or ``None``."""
+        args = [run_id or "", reason, "1" if clear else "0", self.keys.notice_prefix]
+        [run] = await self._run("abort", thread_key, args, f"abort on thread {thread_key!r}")
         return text(run) if run else None
-
-    async def cancel(
-        self, thread_key: str, signal_ids: Sequence[str], *, in_flight_run: str | None = None
-    ) -> list[str]:
-        """Withdraw pending signals no live run holds; returns the ids withdrawn."""
-        if not signal_ids:
-            return []
-        keys, session_prefix = self._control_keys(thread_key)
-        args = [session_prefix, in_flight_run or "", thread_key, self._idx, self._stream_cfg,
-                *signal_ids]
-        removed = await self._script(self._cancel, f"cancel on thread {thread_key!r}", keys, args)
-        return [text(s) for s in removed]
-
-    async def thread_meta(self, thread_keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """Per thread: ``since``, ``last`` (Unix times, when known), ``abort`` (the last run
-        asked to abort) and ``pending`` (inbox length)."""
-        async with self._pipeline("thread info read") as pipe:
-            for t in thread_keys:
-                pipe.hgetall(self.keys.thread(t, "meta"))
-                pipe.xlen(self.keys.thread(t, "inbox"))
-            replies = await pipe.execute()
-        out: dict[str, dict[str, Any]] = {}
-        for i, thread in enumerate(thread_keys):
-            raw = {text(k): text(v) for k, v in (replies[2 * i] or {}).items()}
-            out[thread] = {
-                "since": float(raw["since"]) if "since" in raw else None,
-                "last": float(raw["last"]) if "last" in raw else None,
-                "abort": raw.get("abort"),
-                "pending": int(replies[2 * i + 1]),
-            }
-        return out
 
 
 def _receipt(signal_id: str, raw: Any) -> Receipt:
     obj = json.loads(raw)
     return Receipt.from_dict(signal_id, obj)
 
-
-def _to_index(routed: Routed) -> bool:
-    """On a Cluster the pending index (another slot) is written after the inbox: a fresh entry
-    is indexed, and so is a duplicate still pending, since its first sender may have died
-    between the two writes (``ZADD NX``: indexing twice is harmless)."""
-    return routed.fresh or (routed.receipt is not None and routed.receipt.status == "pending")

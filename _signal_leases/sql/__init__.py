@@ -1,0 +1,247 @@
+"""SQL plumbing for every layer: a database reached through blocking DB-API connections.
+
+Every operation of a SQL backend is one short function over a :class:`Tx` (a transaction),
+run whole in a worker thread (:func:`anyio.to_thread.run_sync`) on a connection of a small
+pool: the event loop never blocks, a transaction never spans an ``await``, and the same code
+runs on asyncio and trio. A worker-thread call is not abandoned when its caller is cancelled:
+a transaction that started always commits or rolls back whole.
+
+The backends (:mod:`_signal_leases.sql.sqlite`, :mod:`_signal_leases.sql.postgres`) give the
+connection, the dialect (placeholders, the database's clock) and the mapping of the driver's
+errors onto :class:`~_signal_leases.errors.BackendUnavailableError` (retry later) and
+:class:`~_signal_leases.errors.BackendPermanentError` (fix the configuration).
+
+Schemas are versioned per component (``leases``, ``pubsub``, ``signals``) in one table,
+``schema_versions``; :meth:`Database.ensure_schema` creates a component's tables inside a
+transaction on first use and refuses a database written by another version, naming both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from _signal_leases.errors import BackendError, BackendPermanentError, ClosedError
+
+__all__ = ["Database", "Tx"]
+
+T = TypeVar("T")
+
+
+class Tx:
+    """One transaction on one connection (used inside a worker thread only).
+
+    SQL is written with ``?`` placeholders; the database's dialect rewrites them. ``now_ms``
+    is the database's clock for this transaction, in milliseconds: every lease and due-time
+    comparison of one operation uses this one value.
+    """
+
+    __slots__ = ("_cursor", "_param", "dialect", "now_ms", "wall")
+
+    def __init__(self, cursor: Any, param: str, dialect: str, now_ms: int, wall: float) -> None:
+        self._cursor = cursor
+        self._param = param
+        self.dialect = dialect  # "sqlite" or "postgres": for the few statements that differ
+        self.now_ms = now_ms
+        self.wall = wall  # Unix time in seconds (receipts, due times, output parts)
+
+    def _sql(self, sql: str) -> str:
+        return sql if self._param == "?" else sql.replace("?", self._param)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; returns the number of rows it changed."""
+        self._cursor.execute(self._sql(sql), tuple(params))
+        return int(self._cursor.rowcount)
+
+    def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement for each row of parameters."""
+        self._cursor.executemany(self._sql(sql), [tuple(r) for r in rows])
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """The first row of a query, or ``None``."""
+        self._cursor.execute(self._sql(sql), tuple(params))
+        row = self._cursor.fetchone()
+        return tuple(row) if row is not None else None
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Every row of a query."""
+        self._cursor.execute(self._sql(sql), tuple(params))
+        return [tuple(r) for r in self._cursor.fetchall()]
+
+    def value(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """The first column of the first row (``None`` when there is no row)."""
+        row = self.one(sql, params)
+        return row[0] if row is not None else None
+
+
+class Database(ABC):
+    """A SQL database shared by the parts of one backend (leases, pub/sub, signal store).
+
+    ``await db.run(fn)`` calls ``fn(tx)`` in a worker thread inside one transaction and
+    returns its result; ``write=True`` takes the write lock up front (SQLite ``BEGIN
+    IMMEDIATE``). At most ``max_connections`` connections are open at once, and so at most
+    that many operations run at a time; the others wait for a connection.
+    """
+
+    #: Placeholder of the driver (``?`` for sqlite3, ``%s`` for psycopg).
+    param = "?"
+    #: ``"sqlite"`` or ``"postgres"`` (see :attr:`Tx.dialect`).
+    dialect = "sqlite"
+
+    def __init__(self, *, max_connections: int) -> None:
+        self.max_connections = max_connections
+        self._limiter = anyio.CapacityLimiter(max_connections)
+        self._idle: list[Any] = []
+        self._open = 0
+        self._lock = threading.Lock()
+        self._schemas: dict[str, int] = {}
+        self._schema_lock = anyio.Lock()
+        self._closed = False
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """What to call this database in messages (a path, a DSN without its password)."""
+
+    # -- the driver -------------------------------------------------------------------------
+
+    @abstractmethod
+    def _connect(self) -> Any:
+        """A new connection (in a worker thread)."""
+
+    @abstractmethod
+    def _begin(self, cursor: Any, write: bool) -> tuple[int, float]:
+        """Start a transaction; return the database's clock (ms) and Unix time (s)."""
+
+    @abstractmethod
+    def _map_error(self, exc: Exception, what: str) -> BackendError | None:
+        """The library's error for a driver error, or ``None`` to let it through."""
+
+    def _healthy(self, conn: Any) -> bool:
+        """Whether a connection that raised may go back to the pool."""
+        return True
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run(self, fn: Callable[[Tx], T], *, write: bool = True, what: str = "a call"
+                  ) -> T:
+        """``fn(tx)`` in one transaction, in a worker thread (see the class docstring)."""
+        if self._closed:
+            raise ClosedError(f"the database {self.name} is closed")
+        async with self._limiter:
+            return await anyio.to_thread.run_sync(self._call, fn, write, what)
+
+    def run_sync(self, fn: Callable[[Tx], T], *, write: bool = True, what: str = "a call") -> T:
+        """The same as :meth:`run`, from a worker thread the caller already runs in."""
+        return self._call(fn, write, what)
+
+    def _call(self, fn: Callable[[Tx], T], write: bool, what: str) -> T:
+        try:
+            conn = self._take()
+        except Exception as exc:
+            raise self._mapped(exc, what) from exc
+        healthy = True
+        try:
+            cursor = conn.cursor()
+            try:
+                now_ms, wall = self._begin(cursor, write)
+                result = fn(Tx(cursor, self.param, self.dialect, now_ms, wall))
+                conn.commit()
+                return result
+            except BaseException:
+                try:
+                    conn.rollback()
+                except Exception:
+                    healthy = False
+                raise
+            finally:
+                cursor.close()
+        except Exception as exc:
+            healthy = healthy and self._healthy(conn)
+            mapped = self._map_error(exc, what)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        finally:
+            self._give(conn, healthy)
+
+    def _mapped(self, exc: Exception, what: str) -> Exception:
+        mapped = self._map_error(exc, what)
+        return mapped if mapped is not None else exc
+
+    def _take(self) -> Any:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self._open += 1
+        try:
+            return self._connect()
+        except BaseException:
+            with self._lock:
+                self._open -= 1
+            raise
+
+    def _give(self, conn: Any, healthy: bool) -> None:
+        with self._lock:
+            if healthy and not self._closed:
+                self._idle.append(conn)
+                return
+            self._open -= 1
+        _close_quietly(conn)
+
+    @property
+    def connections(self) -> int:
+        """Connections open right now (idle and busy)."""
+        return self._open
+
+    async def aclose(self) -> None:
+        """Close every connection (idempotent); later calls raise :class:`ClosedError`."""
+        self._closed = True
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+        for conn in idle:
+            _close_quietly(conn)
+
+    # -- schemas ----------------------------------------------------------------------------
+
+    async def ensure_schema(self, component: str, version: int, ddl: Sequence[str]) -> None:
+        """Create ``component``'s tables (``ddl``) in one transaction on first use; refuse a
+        database whose tables a different version of ``component`` wrote."""
+        if self._schemas.get(component) == version:
+            return
+        async with self._schema_lock:  # one creation per process; the others wait for it
+            if self._schemas.get(component) != version:
+                await self._create(component, version, ddl)
+
+    async def _create(self, component: str, version: int, ddl: Sequence[str]) -> None:
+        def create(tx: Tx) -> None:
+            tx.execute("CREATE TABLE IF NOT EXISTS schema_versions "
+                       "(component TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+            found = tx.value("SELECT version FROM schema_versions WHERE component = ?",
+                             (component,))
+            if found is None:
+                for statement in ddl:
+                    tx.execute(statement)
+                tx.execute("INSERT INTO schema_versions (component, version) VALUES (?, ?)",
+                           (component, version))
+            elif int(found) != version:
+                raise BackendPermanentError(
+                    f"the database {self.name} holds {component} tables of schema version "
+                    f"{found}; this version of signal-leases needs schema version {version} "
+                    f"(use another database, or migrate it)"
+                )
+
+        await self.run(create, what=f"the {component} schema")
+        self._schemas[component] = version
+
+
+def _close_quietly(conn: Any) -> None:
+    with contextlib.suppress(Exception):  # closing a broken connection: nothing left to do
+        conn.close()

@@ -1,0 +1,94 @@
+"""The backend kit: what a backend author implements, and what the runtime derives from it.
+
+* :class:`SignalCore`: the durable core, twelve methods (``accept``, ``take``, ``settle``,
+  ``withdraw``, ``entries``, ``receipt``, ``due``, ``look_at``, ``pause``, ``describe``,
+  ``dead_letters``, ``revive``); :func:`is_signal_core` checks an object structurally.
+* Optional capabilities, each a set of extra methods with a derived fallback:
+  :class:`NoticeChannel`, :class:`OutputStreams`, :class:`RuntimeRegistry`,
+  :class:`FusedRouting`.
+* :class:`KitStore`: the runtime's view of a backend, derived from a core, the lease provider
+  and the pub/sub (notices over the pub/sub, presence over leases, and so on).
+* :class:`SQLCore`: the twelve methods (and streams, and the fused calls with the same
+  database's leases) over any SQL database reached through :mod:`_signal_leases.sql`: the
+  engine SQLite and Postgres run on.
+
+See docs/custom-backend.md for the exact member lists, what each capability buys and what is
+lost without it, and a complete small backend; ``signals.testing`` has a conformance kit per
+part.
+"""
+
+from signals._model import Receipt, Signal, StreamPart
+from signals.kit._capabilities import (
+    CARRY_LIMIT,
+    Claim,
+    Claimed,
+    Follower,
+    FusedRouting,
+    Notice,
+    NoticeChannel,
+    NoticeKind,
+    OutputStreams,
+    PartIn,
+    Routed,
+    RuntimeInfo,
+    RuntimeRegistry,
+)
+from signals.kit._core import (
+    CORE_METHODS,
+    NO_LIMITS,
+    Accepted,
+    Ack,
+    DeadLetter,
+    Due,
+    EntryState,
+    InboxEntry,
+    Limits,
+    Overflow,
+    RunRef,
+    SignalCore,
+    Taken,
+    ThreadState,
+    decode_entry,
+    is_signal_core,
+    run_runtime,
+)
+from signals.kit._sql import SQLCore
+from signals.kit._store import KitStore
+
+__all__ = [
+    "CARRY_LIMIT",
+    "CORE_METHODS",
+    "NO_LIMITS",
+    "Accepted",
+    "Ack",
+    "Claim",
+    "Claimed",
+    "DeadLetter",
+    "Due",
+    "EntryState",
+    "Follower",
+    "FusedRouting",
+    "InboxEntry",
+    "KitStore",
+    "Limits",
+    "Notice",
+    "NoticeChannel",
+    "NoticeKind",
+    "OutputStreams",
+    "Overflow",
+    "PartIn",
+    "Receipt",
+    "Routed",
+    "RunRef",
+    "SQLCore",
+    "RuntimeInfo",
+    "RuntimeRegistry",
+    "Signal",
+    "SignalCore",
+    "StreamPart",
+    "Taken",
+    "ThreadState",
+    "decode_entry",
+    "is_signal_core",
+    "run_runtime",
+]
