@@ -11,15 +11,17 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from pubsub import RedisStreamsPubSub
+from pubsub import RedisStreamsPubSub, SQLitePubSub
 from signals._model import Receipt
-from signals.soak import FactoryContext
+from signals.kit import SQLCore
+from signals.soak import FactoryContext, SoakBackend
 from signals.soak._main import parse_options
 from signals.soak.fleet import Exit, Fleet, KillEvent
 from signals.soak.proxy import Route
@@ -68,6 +70,14 @@ def soak_factory(ctx: FactoryContext) -> RedisStreamsPubSub:
                               socket_timeout=ctx.ttl_ms / 3000)
 
 
+def sqlite_store_apart(ctx: FactoryContext) -> SoakBackend:
+    """``--backend tests.test_soak:sqlite_store_apart``: a pub/sub with its store passed as
+    ``inbox=`` (an unfused core: notices over the pub/sub, leases through the provider)."""
+    pubsub = SQLitePubSub(str(Path(tempfile.gettempdir()) / f"{ctx.key_prefix}.db"))
+    return SoakBackend(pubsub, leases=pubsub.get_lease_provider(),
+                       inbox=SQLCore(pubsub.sql_database))
+
+
 # -- the soak, end to end ------------------------------------------------------------------
 
 
@@ -107,6 +117,31 @@ def test_custom_backend_factory_is_soaked(redis_url: str) -> None:
     )
     assert result["faults"]["kills"] >= 2
     assert result["faults"]["redis_restarts"] == 0 and result["faults"]["blackholes"] == 0
+    _assert_passed(code, result, stderr)
+
+
+@pytest.mark.slow
+def test_bounded_sqlite_soak_with_kills() -> None:
+    code, result, stderr = _soak(
+        "--backend", "sqlite", "--seconds", "10", "--workers", "2", "--threads", "4",
+        "--kill-every", "2", "--ttl-ms", "1000", "--rate", "20", "--seed", "5", timeout=180,
+    )
+    assert result["faults"]["kills"] >= 3
+    assert result["processed"] > 100
+    _assert_passed(code, result, stderr)
+
+
+@pytest.mark.slow
+def test_a_custom_backend_with_its_store_apart_is_soaked() -> None:
+    code, result, stderr = _soak(
+        "--backend", "tests.test_soak:sqlite_store_apart", "--seconds", "8", "--workers", "2",
+        "--threads", "4", "--kill-every", "2", "--ttl-ms", "1000", "--rate", "20",
+        "--seed", "6", timeout=180,
+    )
+    prefix = result["settings"]["key_prefix"]
+    for leftover in Path(tempfile.gettempdir()).glob(f"{prefix}.db*"):
+        leftover.unlink()
+    assert result["faults"]["kills"] >= 2
     _assert_passed(code, result, stderr)
 
 

@@ -435,6 +435,7 @@ class Engine:
                     carried = _entry(e)
             if run_runtime(owner) != sender:
                 outbox.add(run_runtime(owner), Notice("signal", key, owner, entry=carried))
+            self._index(th, t.now)  # hidden while the lease lives; found if the owner dies
             t.save_thread(th)
             return Routed(accepted, owner, carried=carried is not None)
         if claim is not None and ready and not th.paused:

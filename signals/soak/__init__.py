@@ -7,6 +7,13 @@ module here: ``options`` (backends and settings), ``fleet`` (worker processes), 
 verdict).
 """
 
-from signals.soak._main import FactoryContext, Interrupted, build_parser, main, run_soak
+from signals.soak._main import (
+    FactoryContext,
+    Interrupted,
+    SoakBackend,
+    build_parser,
+    main,
+    run_soak,
+)
 
-__all__ = ["FactoryContext", "Interrupted", "build_parser", "main", "run_soak"]
+__all__ = ["FactoryContext", "Interrupted", "SoakBackend", "build_parser", "main", "run_soak"]

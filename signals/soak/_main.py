@@ -18,9 +18,11 @@ result is one JSON document on stdout and the report (summary last) goes to stde
 
 Backends: ``memory`` (one process, no faults: the send/verify path), ``redis`` (the soak's
 own redis-server, or ``--redis-url``: then no restarts), ``cluster`` (``--redis-url`` of a
-seed node; kills only), or ``module:factory`` for your own: a callable that takes a
-:class:`FactoryContext` and returns an unentered pub/sub (or an awaitable of one), called in
-every worker process and in the sender. See docs/guarantees.md, "The fault soak".
+seed node; kills only), ``sqlite`` (one file in the soak's work directory; kills only), or
+``module:factory`` for your own: a callable that takes a :class:`FactoryContext` and returns
+an unentered pub/sub or a :class:`SoakBackend` (pub/sub, leases, inbox), or an awaitable of
+one, called in every worker process and in the sender. See docs/guarantees.md, "The fault
+soak".
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ import anyio
 from signals.soak.options import (
     BUILTIN_BACKENDS,
     FactoryContext,
+    SoakBackend,
     SoakOptions,
     load_factory,
     quiet_library_logs,
 )
 
-__all__ = ["FactoryContext", "Interrupted", "build_parser", "main", "run_soak"]
+__all__ = ["FactoryContext", "Interrupted", "SoakBackend", "build_parser", "main", "run_soak"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,12 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "then a verdict on lost signals, overlapping runs and fencing tokens.",
         epilog="A custom backend: --backend mypkg.module:factory, where factory(ctx) takes a "
                "signals.soak.FactoryContext (role, key_prefix, url, worker, ttl_ms) and "
-               "returns an unentered pub/sub. Exit status 0: passed; 1: failed; 2: usage or "
-               "setup error.",
+               "returns an unentered pub/sub, or a signals.soak.SoakBackend(pubsub, leases, "
+               "inbox) when the store is passed apart. Exit status 0: passed; 1: failed; "
+               "2: usage or setup error.",
     )
     add = parser.add_argument
     add("--backend", default="redis",
-        help="memory, redis, cluster or module:factory (default: redis)")
+        help="memory, redis, cluster, sqlite or module:factory (default: redis)")
     add("--redis-url", default=None,
         help="an existing Redis (redis) or a cluster seed node (cluster); without it the "
              "redis backend starts its own redis-server with AOF")

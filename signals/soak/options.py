@@ -1,10 +1,12 @@
 """Options of ``python -m signals.soak``, the backends it soaks, and the runtimes' settings.
 
-A backend is ``memory``, ``redis``, ``cluster`` or ``module:factory``: an import path to a
-callable that takes a :class:`FactoryContext` and returns an (unentered) pub/sub, or an
-awaitable of one. The soak enters it with ``async with`` in every worker process and in the
-sender, and builds each ``SignalRuntime`` on it (so the runtime finds its lease provider and
-store through the pub/sub, as in production).
+A backend is ``memory``, ``redis``, ``cluster``, ``sqlite`` (one file in the soak's work
+directory, shared by every process) or ``module:factory``: an import path to a callable that
+takes a :class:`FactoryContext` and returns, or returns an awaitable of, either an (unentered)
+pub/sub or a :class:`SoakBackend` (a pub/sub with its own ``leases=`` and ``inbox=``, however
+the store is provided; a mapping with those keys works too). The soak enters each part with
+``async with`` (once each, when it is an async context manager) in every worker process and in
+the sender, and builds each ``SignalRuntime`` on it, as in production.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import importlib
 import inspect
 import logging
 import sys
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,16 +30,17 @@ if TYPE_CHECKING:
 __all__ = [
     "BUILTIN_BACKENDS",
     "FactoryContext",
+    "SoakBackend",
     "SoakOptions",
     "WorkerConfig",
     "load_factory",
-    "open_pubsub",
+    "open_backend",
     "quiet_library_logs",
     "runtime_settings",
     "socket_timeout_s",
 ]
 
-BUILTIN_BACKENDS = ("memory", "redis", "cluster")
+BUILTIN_BACKENDS = ("memory", "redis", "cluster", "sqlite")
 #: Deliveries before a signal is dead-lettered, in the soak: high, so that a signal whose
 #: owners keep being killed is retried rather than set aside (a dead letter counts as lost).
 SOAK_MAX_ATTEMPTS = 1000
@@ -50,7 +55,7 @@ class FactoryContext:
     * ``key_prefix``: unique to this soak run; put every key or name of your backend under it,
       so runs never see each other's data.
     * ``url``: ``--redis-url`` as given (``None`` when it was not given); a factory may use
-      it for any backend address.
+      it for any backend address. For ``--backend sqlite`` it is the database file's path.
     * ``worker``: the worker's slot, ``0 .. --workers - 1`` (a replacement for a killed
       worker gets the same slot); ``None`` for the sender.
     * ``ttl_ms``: the lease TTL the runtimes use; size your client timeouts from it (at most
@@ -131,6 +136,39 @@ class WorkerConfig:
     block_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SoakBackend:
+    """What a factory may return instead of a bare pub/sub: the runtime's three parts.
+
+    ``leases`` and ``inbox`` are passed to ``SignalRuntime(leases=, inbox=)`` when given
+    (``None``: the runtime finds them through the pub/sub). A part that is an async context
+    manager (and not the pub/sub itself) is entered before the runtime and left after it.
+    """
+
+    pubsub: PubSub
+    leases: Any = None
+    inbox: Any = None
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """``pubsub=``, and ``leases=``/``inbox=`` when given."""
+        kwargs: dict[str, Any] = {"pubsub": self.pubsub}
+        if self.leases is not None:
+            kwargs["leases"] = self.leases
+        if self.inbox is not None:
+            kwargs["inbox"] = self.inbox
+        return kwargs
+
+    async def enter(self, stack: AsyncExitStack) -> None:
+        """Enter every part once (the pub/sub first) on ``stack``."""
+        seen: list[object] = []
+        for part in (self.pubsub, self.leases, self.inbox):
+            if part is None or any(part is other for other in seen):
+                continue
+            seen.append(part)
+            if callable(getattr(part, "__aenter__", None)):
+                await stack.enter_async_context(part)
+
+
 def socket_timeout_s(ttl_ms: int) -> float:
     """The Redis socket timeout for a lease TTL: a third of it, at most 2 s (the library's
     advice: keep ``socket_timeout`` at most a third of the lease TTL)."""
@@ -154,7 +192,7 @@ def load_factory(spec: str) -> Callable[[FactoryContext], Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(
-            f"--backend must be memory, redis, cluster or module:factory, got {spec!r}"
+            f"--backend must be memory, redis, cluster, sqlite or module:factory, got {spec!r}"
         )
     try:
         obj: Any = importlib.import_module(module_name)
@@ -170,26 +208,48 @@ def load_factory(spec: str) -> Callable[[FactoryContext], Any]:
     return obj  # type: ignore[no-any-return]
 
 
-async def open_pubsub(backend: str, ctx: FactoryContext) -> PubSub:
-    """The pub/sub of ``backend`` for ``ctx`` (unentered). ``redis`` and ``cluster`` build a
-    ``RedisStreamsPubSub`` on ``ctx.url``; anything else is a factory's import path."""
+def _is_pubsub(obj: object) -> bool:
+    return not isinstance(obj, type) and all(
+        callable(getattr(obj, name, None)) for name in ("publish", "subscribe", "close")
+    )
+
+
+async def open_backend(backend: str, ctx: FactoryContext) -> SoakBackend:
+    """The parts of ``backend`` for ``ctx`` (unentered). ``redis`` and ``cluster`` build a
+    ``RedisStreamsPubSub`` on ``ctx.url``, ``sqlite`` a ``SQLitePubSub`` on the file
+    ``ctx.url``; anything else is a factory's import path (see the module docstring)."""
     if backend in ("redis", "cluster"):
         from pubsub import RedisStreamsPubSub
 
         if ctx.url is None:
             raise ValueError(f"--backend {backend} needs a Redis URL")
-        return RedisStreamsPubSub(
+        return SoakBackend(RedisStreamsPubSub(
             url=ctx.url, key_prefix=ctx.key_prefix, cluster=backend == "cluster",
             socket_timeout=socket_timeout_s(ctx.ttl_ms), block_ms=500,
-        )
+        ))
+    if backend == "sqlite":
+        from pubsub import SQLitePubSub
+
+        if ctx.url is None:
+            raise ValueError("--backend sqlite needs the database file's path")
+        return SoakBackend(SQLitePubSub(ctx.url))
     if backend == "memory":
         raise ValueError("the memory backend runs in one process: no pub/sub per role")
     made = load_factory(backend)(ctx)
     if inspect.isawaitable(made):
         made = await made
-    if not all(callable(getattr(made, name, None)) for name in ("publish", "subscribe", "close")):
-        raise TypeError(f"--backend {backend} returned {type(made).__name__}, not a pub/sub")
-    return made  # type: ignore[no-any-return]
+    if isinstance(made, Mapping):
+        unknown = set(made) - {"pubsub", "leases", "inbox"}
+        if unknown or "pubsub" not in made:
+            raise TypeError(f"--backend {backend} returned a mapping with keys "
+                            f"{sorted(made)}; expected pubsub (and leases, inbox)")
+        made = SoakBackend(made["pubsub"], made.get("leases"), made.get("inbox"))
+    if not isinstance(made, SoakBackend):
+        made = SoakBackend(made)
+    if not _is_pubsub(made.pubsub):
+        raise TypeError(f"--backend {backend} returned {type(made.pubsub).__name__}, "
+                        f"not a pub/sub (nor a SoakBackend)")
+    return made
 
 
 def quiet_library_logs() -> None:

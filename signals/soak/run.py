@@ -28,7 +28,7 @@ from _signal_leases.errors import BackendError
 from signals._model import Receipt
 from signals._runtime import SignalRuntime
 from signals.soak.fleet import Fleet, Slot
-from signals.soak.options import FactoryContext, SoakOptions, open_pubsub, runtime_settings
+from signals.soak.options import FactoryContext, SoakOptions, open_backend, runtime_settings
 from signals.soak.proxy import Route
 from signals.soak.record import FenceStore, Recorder, make_agent
 from signals.soak.redis_server import OwnRedis, redis_server_binary
@@ -130,6 +130,9 @@ class SoakRun:
         o = self.o
         async with AsyncExitStack() as stack:
             url = o.redis_url
+            if o.backend == "sqlite":
+                url = str(self.workdir / "signals.db")
+                self.facts.redis = f"none (SQLite file {url}, shared by every process)"
             if o.own_redis:
                 binary = redis_server_binary()
                 if binary is None:
@@ -161,8 +164,11 @@ class SoakRun:
                 await fleet.wait_ready()
                 _say(f"soak: {o.workers} workers ready ({self.facts.redis or o.backend})")
                 ctx = FactoryContext("sender", self.facts.key_prefix, url, None, o.ttl_ms)
-                pubsub = await open_pubsub(o.backend, ctx)
-                async with pubsub, SignalRuntime(pubsub=pubsub, agent=None) as sender:
+                backend = await open_backend(o.backend, ctx)
+                async with AsyncExitStack() as sender_stack:
+                    await backend.enter(sender_stack)
+                    sender = await sender_stack.enter_async_context(
+                        SignalRuntime(agent=None, **backend.runtime_kwargs()))
                     await self._faults_phase(sender)
                     await self._heal()
                     await self._drain(sender)

@@ -19,6 +19,7 @@ import os
 import random
 import signal
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
@@ -28,7 +29,7 @@ from signals._runtime import SignalRuntime
 from signals.soak.options import (
     FactoryContext,
     WorkerConfig,
-    open_pubsub,
+    open_backend,
     quiet_library_logs,
     runtime_settings,
 )
@@ -52,10 +53,12 @@ async def serve(config: WorkerConfig) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as stop:
         while True:
             try:
-                pubsub = await open_pubsub(config.backend, ctx)
-                async with pubsub, SignalRuntime(
-                    pubsub=pubsub, agent=agent, **runtime_settings(config.ttl_ms)
-                ) as runtime:
+                backend = await open_backend(config.backend, ctx)
+                async with AsyncExitStack() as stack:
+                    await backend.enter(stack)
+                    runtime = await stack.enter_async_context(SignalRuntime(
+                        agent=agent, **backend.runtime_kwargs(), **runtime_settings(config.ttl_ms)
+                    ))
                     started = True
                     print(json.dumps({"ready": config.slot, "pid": pid,
                                       "runtime_id": runtime.runtime_id}), flush=True)

@@ -165,6 +165,30 @@ class FusedRoutingConformance(Fixtures):
         assert notice.entry is not None and notice.entry.signal.id == "next"
         await leases.release_lease(thread, owner.owner)
 
+    async def test_a_signal_carried_to_an_owner_that_dies_is_found_again(
+            self, core: Any, leases: Any) -> None:
+        """The owner had emptied the inbox, then a signal was carried to it and it died: the
+        pending index still holds the thread (hidden while the lease lives)."""
+        self.fused(core, leases)
+        rid = new_name("doomed-rt")
+        registry = has(core, "register_runtime", "track_threads", "unregister_runtime")
+        if registry:  # a core with a runtime registry may index a dead runtime's threads
+            await core.register_runtime(RuntimeInfo(rid, "host", 1, 1.0, True), 60_000)
+        thread, owner = self.thread(), self.claim(rid)
+        await core.route(thread, Signal(id="first"), "deliver", claim=owner, sender="x",
+                         wake_workers=False)
+        if registry:
+            await core.track_threads(rid, add=[thread])
+        assert await self.drain(core, thread, RunRef(owner.owner, None)) == ["first"]
+        routed = await core.route(thread, Signal(id="next"), "deliver", claim=None,
+                                  sender="x", wake_workers=False)
+        assert routed.carried and routed.owner == owner.owner
+        await leases.release_lease(thread, owner.owner)  # the owner's lease is gone
+        if registry:
+            await core.unregister_runtime(rid)  # and so is its runtime
+        found = await core.due(limit=1000, until=self.now(core) + 1)
+        assert thread in found.threads
+
     async def test_a_signal_not_due_yet_claims_nothing(self, core: Any, leases: Any) -> None:
         self.fused(core, leases)
         thread = self.thread()
