@@ -155,14 +155,14 @@ async def idle_cost(workdir: str, threads: int, window_s: float) -> dict[str, An
     from _signal_leases.sql.sqlite import SQLiteDatabase
 
     count = [0]
-    connect = SQLiteDatabase._connect
+    connect = SQLiteDatabase.connect
 
     def counting(self: SQLiteDatabase) -> Any:
         conn = connect(self)
         conn.set_trace_callback(lambda _: count.__setitem__(0, count[0] + 1))
         return conn
 
-    SQLiteDatabase._connect = counting  # type: ignore[method-assign]
+    SQLiteDatabase.connect = counting  # type: ignore[method-assign]
     release = anyio.Event()
     started = 0
 
@@ -189,7 +189,7 @@ async def idle_cost(workdir: str, threads: int, window_s: float) -> dict[str, An
             rate = (count[0] - before) / window_s
             release.set()
     finally:
-        SQLiteDatabase._connect = connect  # type: ignore[method-assign]
+        SQLiteDatabase.connect = connect  # type: ignore[method-assign]
     return {"threads": threads, "setup_s": setup, "statements_per_s": rate}
 
 

@@ -21,6 +21,7 @@ from _signal_leases.errors import (
     UnsupportedBackendError,
 )
 from leases._backends.memory import InMemoryLeaseProvider
+from leases._backends.postgres import PostgresLeaseProvider
 from leases._backends.redis.provider import RedisLeaseProvider
 from leases._backends.sql import SQLLeaseProvider
 from leases._backends.sqlite import SQLiteLeaseProvider
@@ -55,6 +56,7 @@ __all__ = [
     "LeaseProvider",
     "LeaseSessionProvider",
     "NoopLeaseProvider",
+    "PostgresLeaseProvider",
     "RedisLeaseProvider",
     "SQLLeaseProvider",
     "SQLiteLeaseProvider",

@@ -2,9 +2,11 @@
 
 The contract is the :class:`PubSub` protocol (structural; :func:`is_pubsub` checks an object).
 :class:`PubSubBase` implements its entry points once (validation, lifecycle, extensions) for
-the backends: :class:`InMemoryPubSub` (one process, asyncio and trio) and
-:class:`RedisStreamsPubSub` (Redis Streams). Each offers ``get_lease_provider()``, the lease
-provider that goes with it. ``pubsub.testing`` holds a conformance suite for your own backend.
+the backends: :class:`InMemoryPubSub` (one process, asyncio and trio),
+:class:`RedisStreamsPubSub` (Redis Streams), :class:`SQLitePubSub` (one SQLite file, the
+processes of one host) and :class:`SQLPubSub` (any SQL database of the backend kit, with a
+:class:`Doorbell`). Each is its own lease provider (:class:`LeasedPubSub`: the five methods go
+to ``get_lease_provider()``). ``pubsub.testing`` holds a conformance suite for your own backend.
 """
 
 from _signal_leases.errors import (
@@ -17,7 +19,9 @@ from _signal_leases.errors import (
     UnsupportedBackendError,
 )
 from pubsub._backends.memory import InMemoryPubSub
+from pubsub._backends.postgres import PostgresPubSub
 from pubsub._backends.redis.streams import RedisStreamsPubSub
+from pubsub._backends.sql.pubsub import Doorbell, SQLPubSub
 from pubsub._backends.sqlite import SQLitePubSub
 from pubsub._base import PubSubBase
 from pubsub._contract import (
@@ -38,15 +42,18 @@ __all__ = [
     "BackendPermanentError",
     "BackendUnavailableError",
     "ClosedError",
+    "Doorbell",
     "Event",
     "EventHandler",
     "InMemoryPubSub",
     "JSONValue",
     "LeasedPubSub",
+    "PostgresPubSub",
     "PubSub",
     "PubSubBase",
     "PubSubError",
     "RedisStreamsPubSub",
+    "SQLPubSub",
     "SQLitePubSub",
     "SignalsError",
     "StartFrom",

@@ -14,9 +14,9 @@ from abc import ABCMeta, abstractmethod
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, ClassVar, Self, TypeVar, cast
 
-import anyio
 from anyio import AsyncContextManagerMixin
 
+from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import ClosedError
 from _signal_leases.validation import check_choice, check_identifier, check_int, check_str
 from pubsub._contract import (
@@ -33,28 +33,9 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup
 
-__all__ = ["PubSubBase", "owned_task_group"]
+__all__ = ["PubSubBase"]
 
 T = TypeVar("T")
-
-
-@asynccontextmanager
-async def owned_task_group() -> AsyncIterator[TaskGroup]:
-    """A task group for the lifetime of a context manager's body.
-
-    The children are cancelled when the body ends; an exception of the body propagates as it
-    is (anyio would wrap it in an ``ExceptionGroup`` if it left the group's block).
-    """
-    error: Exception | None = None
-    async with anyio.create_task_group() as tg:
-        try:
-            yield tg
-        except Exception as exc:  # re-raised below, once the children are gone
-            error = exc
-        finally:
-            tg.cancel_scope.cancel()
-    if error is not None:
-        raise error
 
 
 class PubSubBase(AsyncContextManagerMixin, metaclass=ABCMeta):

@@ -222,7 +222,11 @@ class Chain:
             await self._part(run, "run.failed", {"error_type": exc_type, "message": message})
         elif end == "cancelled":
             self._interrupted = reason == "interrupt"
-            log.warning("run.cancelled", reason=reason, unacked=len(run.unacked), **fields)
+            # An interrupt or an abort is what someone asked for: info; anything else (a
+            # timeout, a lost lease) is a warning.
+            asked = reason == "interrupt" or (reason or "").startswith("abort")
+            level = log.info if asked else log.warning
+            level("run.cancelled", reason=reason, unacked=len(run.unacked), **fields)
             await self._settle(run, f"cancelled: {reason}")
             await self._part(run, "run.cancelled", {"reason": reason})
         else:

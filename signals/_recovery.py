@@ -39,6 +39,7 @@ class RecoveryMixin:
     recover_interval_ms: int
     _chains: dict[str, Chain]
     _starting: set[str]
+    _taking_back: set[str]
     _lost: set[str]
     _work: WakeQueue[str | None]
     _next_due: float | None
@@ -47,6 +48,9 @@ class RecoveryMixin:
     _log: Logger
 
     def _full(self) -> bool:
+        raise NotImplementedError
+
+    def _poke(self) -> None:
         raise NotImplementedError
 
     def _start_chain(self, lease: Any) -> None:
@@ -120,6 +124,13 @@ class RecoveryMixin:
             await registry.track_threads(self.runtime_id, add=list(self._chains))
 
     async def _try_claim(self, thread_key: str) -> bool:
+        try:
+            return await self._claim(thread_key)
+        finally:
+            self._taking_back.discard(thread_key)
+            self._poke()
+
+    async def _claim(self, thread_key: str) -> bool:
         if thread_key in self._chains or thread_key in self._starting or self._full():
             return False
         if self._closed:

@@ -104,13 +104,12 @@ def resolve_core(pubsub: object, leases: LeaseProvider) -> SignalCore:
         return _shared(pubsub, f"signals.core:{id(leases)}", lambda: check_store(hook(leases)))
     database = getattr(pubsub, "sql_database", None)
     if database is not None:  # SQLitePubSub, PostgresPubSub: the SQL core in the same database
-        from signals.kit._derived import TOPIC_PREFIX, PubSubNotices
         from signals.kit._sql import SQLCore
 
         own = getattr(pubsub, "get_lease_provider", lambda: None)()
         fused = leases if leases is own else None
         return _shared(pubsub, f"signals.core:{id(fused)}", lambda: SQLCore(
-            database, leases=fused, notices=PubSubNotices(pubsub, TOPIC_PREFIX)))  # type: ignore[arg-type]
+            database, leases=fused, pubsub=pubsub))  # type: ignore[arg-type]
     client = getattr(pubsub, "redis_client", None)
     if client is not None:
         from signals._backends.redis.store import RedisSignalStore

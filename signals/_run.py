@@ -235,6 +235,11 @@ class Run:
             if due is not None and unix_now() >= due:
                 self._more = True  # a signal came due: take it
 
+    @property
+    def next_due(self) -> float | None:
+        """Unix time the thread's earliest signal not due yet comes due (by the last take)."""
+        return self._next_due
+
     def _hand_out(self) -> Signal | None:
         """The best unit taken or carried, now handed to the agent (no store call)."""
         if self._grouped:
@@ -269,6 +274,8 @@ class Run:
         """Take an entry a notice carried (already carried to this run): it goes straight
         into the buffer when the run has taken everything ready (so nothing better is left
         in the inbox); otherwise a take is due, which returns it in its place."""
+        if self._holds(entry.signal.id):
+            return True  # a take returned it before the notice came: nothing to do
         if self._taking or self._more or self._stopped or self._doorbell.rung or self.ended:
             self._carried.add(entry.signal.id)  # a take returns it; else it is given back
             self._doorbell.ring()
@@ -319,10 +326,21 @@ class Run:
         entries = taken.entries
         if len(entries) > 1 or (entries and entries[0].signal.merge == "coalesce"
                                 and entries[0].signal.lane is not None):
+            ids = {e.signal.id for e in entries}
+            if any(e.signal.id in ids for _, e in self._buffer):  # a notice carried one of them
+                self._buffer = [item for item in self._buffer if item[1].signal.id not in ids]
+                heapq.heapify(self._buffer)
             self._grouped.append(entries)
-        elif entries:
+        elif entries and not self._holds(entries[0].signal.id):
             heapq.heappush(self._buffer, (_key(entries[0]), entries[0]))
         return taken
+
+    def _holds(self, signal_id: str) -> bool:
+        """This run has ``signal_id`` already (taken, carried or handed out): a notice and
+        a take can both bring one entry carried to this run, in either order."""
+        return (signal_id in self._unacked or signal_id in self._acked
+                or any(e.signal.id == signal_id for _, e in self._buffer)
+                or any(e.signal.id == signal_id for group in self._grouped for e in group))
 
     async def emit(
         self, data: Any, kind: str = "part", *, signal: Signal | str | None = None

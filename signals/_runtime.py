@@ -164,6 +164,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self._starting: set[str] = set()
         self._lost: set[str] = set()  # threads whose lease was lost, to index by recovery
         self._changed: anyio.Event | None = None
+        self._taking_back: set[str] = set()  # threads queued to be claimed again here
         self._work: WakeQueue[str | None] = WakeQueue()
         self._next_due: float | None = None  # Unix time the timer wakes at
         self._tg: TaskGroup | None = None
@@ -214,8 +215,10 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             else:
                 await self._shutdown(graceful=True)
             finally:
+                # The task group cancels its tasks when the stack reaches it, after the notice
+                # subscription is closed: cancelling it here would cancel that close too, and
+                # the body's exception would be lost in the cancellation.
                 self._closed = True
-                tg.cancel_scope.cancel()
 
     def _info(self) -> RuntimeInfo:
         return RuntimeInfo(self.runtime_id, socket.gethostname(), os.getpid(), time.time(),
@@ -232,6 +235,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
     async def _shutdown(self, *, graceful: bool) -> None:
         """Stop taking work; let runs finish (graceful) or cancel them; bounded either way."""
         self._closed = True
+        self._taking_back.clear()  # no more claims: what they would take stays in the inbox
         if graceful:
             timeout = self.shutdown_timeout_ms
             try:
@@ -271,11 +275,24 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         return list(self._chains)
 
     async def wait_idle(self, thread_key: str | None = None) -> None:
-        """Wait until this process runs nothing (on ``thread_key``, or on any thread)."""
-        while (thread_key in self._chains) if thread_key is not None else self._chains:
+        """Wait until this process runs nothing (on ``thread_key``, or on any thread), and is
+        not about to: a thread it is claiming, or taking back from a run that ended as a
+        signal arrived, counts as running."""
+        while self._busy(thread_key):
             if self._changed is None:
                 self._changed = anyio.Event()
             await self._changed.wait()
+
+    def _busy(self, thread_key: str | None) -> bool:
+        if thread_key is not None:
+            return any(thread_key in s for s in (self._chains, self._starting, self._taking_back))
+        return bool(self._chains or self._starting or self._taking_back)
+
+    def _poke(self) -> None:
+        """Wake :meth:`wait_idle` to look again."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     def _full(self) -> bool:
         limit = self.max_concurrent_runs
@@ -390,7 +407,8 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         elif chain is not None and (owner is None or run_runtime(owner) == self.runtime_id):
             chain.doorbell.ring()
         elif owner is None and local and self.agent is not None:
-            self._work.put(thread_key)  # our chain ended meanwhile: take the thread back
+            self._taking_back.add(thread_key)  # our chain ended meanwhile: take it back
+            self._work.put(thread_key)
         outcome = "queued" if mode == "queue" or owner is None else "deliver"
         backpressure = full and if_idle == "wake" and owner is None and self.agent is not None
         log.info("signal.accepted", outcome=outcome, run_id=owner, backpressure=backpressure)
@@ -433,6 +451,9 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             chain = self._chains.get(thread_key)
             if chain is not None:
                 chain.doorbell.ring()
+            elif self.agent is not None and not self._closed and not self._full():
+                self._taking_back.add(thread_key)  # claim it here; wait_idle counts it
+                self._work.put(thread_key)
             else:
                 await kit.notify(None, Notice("work", thread_key))
         return was
@@ -453,14 +474,15 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
     def _chain_ended(self, chain: Chain) -> None:
         if self._chains.get(chain.thread_key) is chain:
             del self._chains[chain.thread_key]
+        due = chain.run.next_due if chain.run is not None else None
+        if due is not None and not self._closed:
+            self._due_hint(due)  # a signal of the thread comes due later: wake for it
         if chain.lease.lost and not self._closed:
             # The thread may still have work: index it for any worker, and try to take it
             # back here.
             self._lost.add(chain.thread_key)
             self._work.put(chain.thread_key)
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+        self._poke()
 
     def _on_lease_lost(self, lease: Any) -> None:
         chain = self._chains.get(lease.key)

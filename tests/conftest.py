@@ -5,7 +5,9 @@ tests marked ``redis`` run on asyncio only (redis-py is asyncio-only); tests mar
 ``mock_clock`` also run on trio with a ``MockClock`` (virtual time, id ``trio-mockclock``); a
 test may still pin it with ``@pytest.mark.parametrize("anyio_backend", [...])``. Without
 ``redis-server`` the Redis tests skip locally; with ``CI=true`` they fail. The same holds for
-the Redis Cluster tests (marked ``cluster`` and ``redis``), which also need ``redis-cli``.
+the Redis Cluster tests (marked ``cluster`` and ``redis``), which also need ``redis-cli``,
+and for the PostgreSQL tests (marked ``postgres``), which need Debian's ``postgresql`` and
+psycopg (the ``postgres`` extra).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests._postgres_server import PostgresServer, postgres_bin_dir
 from tests._redis_cluster import RedisCluster, redis_cli_binary
 from tests._redis_server import RedisServer, redis_server_binary
 
@@ -132,3 +135,47 @@ async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+def _require_postgres() -> str:
+    """PostgreSQL's binaries and psycopg: skip without them locally, fail with ``CI=true``."""
+    bin_dir = postgres_bin_dir()
+    msg = None
+    if bin_dir is None:
+        msg = "PostgreSQL is not installed (apt-get install -y postgresql)"
+    else:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            msg = "psycopg is not installed (pip install '.[postgres]')"
+    if msg is not None:
+        if _in_ci():
+            pytest.fail(f"CI=true and {msg}", pytrace=False)
+        pytest.skip(msg)
+    assert bin_dir is not None
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL for the whole session, on a free loopback port."""
+    with PostgresServer(_require_postgres()) as server:
+        yield server
+
+
+@pytest.fixture
+def private_postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL of this test's own, for tests that restart it."""
+    with PostgresServer(_require_postgres()) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: PostgresServer) -> str:
+    return postgres_server.dsn
+
+
+@pytest.fixture
+def pg_schema() -> str:
+    """A schema unique to this test, so tests share the server without dropping anything."""
+    return f"t{uuid.uuid4().hex[:12]}"

@@ -7,9 +7,9 @@ backend is unavailable.
 ``receipts N TIMEOUT``: print how many of ``s0``..``s<N-1>`` are ``processed`` (waiting up to
 ``TIMEOUT`` seconds for all of them).
 
-The backend is ``--sqlite PATH`` or ``--postgres DSN``. A worker records each signal its agent
-handled as a JSON line ``{"t", "id", "tok"}`` in ``<--out>/seen-<pid>.jsonl`` before
-acknowledging it.
+The backend is ``--sqlite PATH`` or ``--postgres DSN`` (with ``--schema``). A worker records
+each signal its agent handled as a JSON line ``{"t", "id", "tok"}`` in
+``<--out>/seen-<pid>.jsonl`` before acknowledging it.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ def _pubsub(args: argparse.Namespace) -> Any:
         from pubsub import SQLitePubSub
 
         return SQLitePubSub(args.sqlite, poll_ms=500)
-    from pubsub import PostgresPubSub  # type: ignore[attr-defined]
+    from pubsub import PostgresPubSub
 
-    return PostgresPubSub(dsn=args.postgres)
+    return PostgresPubSub(dsn=args.postgres, schema=args.schema, timeout_s=3)
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -69,9 +69,12 @@ async def _receipts(args: argparse.Namespace) -> None:
     async with _pubsub(args) as ps, SignalRuntime(pubsub=ps, agent=None) as rt:
         while True:
             done = 0
-            for i in range(n):
-                receipt = await rt.receipt(f"th{i % 10}", f"s{i}")
-                done += receipt is not None and receipt.status == "processed"
+            try:
+                for i in range(n):
+                    receipt = await rt.receipt(f"th{i % 10}", f"s{i}")
+                    done += receipt is not None and receipt.status == "processed"
+            except BackendUnavailableError:  # the database restarts: ask again
+                done = -1
             if done == n or time.monotonic() > deadline:
                 print(done, flush=True)
                 return
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("rest", nargs="*")
     parser.add_argument("--sqlite", default=None)
     parser.add_argument("--postgres", default=None)
+    parser.add_argument("--schema", default="signal_leases")
     parser.add_argument("--out", default=".")
     parser.add_argument("--ttl-ms", type=int, default=1500)
     parser.add_argument("--work-ms", type=int, default=10)

@@ -230,6 +230,25 @@ async def test_receipt_and_dead_letters(
 # -- control commands ---------------------------------------------------------------------------
 
 
+async def test_pause_and_resume(
+    parts: tuple[RedisLeaseProvider, RedisSignalStore], redis_url: str, key_prefix: str
+) -> None:
+    _, store = parts
+    await store.accept("t", Signal("x", id="s1"), "deliver")
+    base = ["--redis-url", redis_url, "--key-prefix", key_prefix]
+    paused = cli("pause", "t", *base)
+    assert paused.returncode == 0 and paused.stdout.strip() == "paused 't'", paused
+    assert (await store.describe(["t"]))["t"].paused
+    assert not (await store.take("t", RunRef("r1/1", None), max_attempts=5, first=True)).entries
+    again = json.loads(cli("pause", "t", *base, "--json").stdout)
+    assert again == {"thread_key": "t", "paused": True, "was_paused": True}
+    resumed = cli("resume", "t", *base)
+    assert resumed.returncode == 0 and resumed.stdout.strip() == "resumed 't'", resumed
+    assert not (await store.describe(["t"]))["t"].paused
+    assert cli("resume", "t", *base).stdout.strip() == "'t' was not paused"
+    assert cli("pause", "", *base).returncode == 1
+
+
 async def in_thread(*args: str) -> subprocess.CompletedProcess[str]:
     """``cli(*args)`` without blocking the event loop (a runtime of the test may be running)."""
     return await anyio.to_thread.run_sync(lambda: cli(*args))

@@ -144,3 +144,41 @@ def test_control_in_memory() -> None:
     assert "('run.cancelled', {'reason': 'abort: taking too long'})" in out
     assert "poison signal: dead_lettered (ValueError: cannot handle this one)" in out
     assert "dead letters: [('bad', 2)]" in out
+
+
+def check_dispositions(out: str) -> None:
+    got = re.findall(r"agent got (\w+)", out)
+    assert got == ["user", "browser", "typing", "ci", "ci", "ci", "ci", "ci"], out
+    assert "send page-1     -> queued, supersedes page-0" in out, out
+    assert "send page-2     -> unchanged" in out, out
+    assert "send msg-1      -> queued, drops ci-0" in out, out
+    assert "{'text': 'fix'}  (folds key-0, key-1, key-2)" in out, out
+    assert "receipt of page-0: superseded by page-1" in out, out
+    assert "receipt of ci-0: dropped" in out, out
+    assert "receipt of key-1: processed" in out, out
+
+
+def test_dispositions_in_memory() -> None:
+    result = run_example("dispositions.py")
+    assert result.returncode == 0, result.stderr
+    check_dispositions(result.stdout)
+
+
+def test_dispositions_on_sqlite(tmp_path: Path) -> None:
+    result = run_example("dispositions.py", "--sqlite", str(tmp_path / "d.db"))
+    assert result.returncode == 0, result.stderr
+    check_dispositions(result.stdout)
+
+
+@pytest.mark.redis
+def test_dispositions_on_redis(redis_url: str) -> None:
+    result = run_example("dispositions.py", "--redis-url", redis_url)
+    assert result.returncode == 0, result.stderr
+    check_dispositions(result.stdout)
+
+
+def test_sqlite_workers() -> None:
+    result = run_example("sqlite_workers.py")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"thread-a runs in pid \d+; SIGKILL it", result.stdout), result.stdout
+    assert "all 30 signals processed" in result.stdout, result.stdout

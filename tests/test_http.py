@@ -424,6 +424,35 @@ async def test_cancel_a_queued_signal_and_an_unknown_one(redis_url: str, key_pre
         assert [p["id"] for p in (await kit.client.get("/threads/q")).json()["pending"]] == ["s1"]
 
 
+@pytest.mark.redis
+@pytest.mark.anyio
+async def test_pause_resume_and_dispositions_over_http(redis_url: str, key_prefix: str) -> None:
+    async with stack(redis_url, key_prefix, worker=False,
+                     front_options={"max_pending_per_thread": 3}) as kit:
+        paused = await kit.client.post("/threads/p/pause")
+        assert paused.json() == {"thread_key": "p", "paused": True, "was_paused": False}
+        assert (await kit.client.get("/threads/p")).json()["thread"]["paused"] is True
+        sent = [await kit.client.post("/threads/p/signals", json={
+            "payload": n, "id": f"b{n}", "lane": "page", "merge": "supersede", "priority": 2})
+            for n in range(2)]
+        assert sent[1].json()["superseded"] == ["b0"]
+        later = await kit.client.post("/threads/p/signals",
+                                      json={"payload": 0, "id": "d", "delay_ms": 60_000})
+        assert later.json()["outcome"] == "scheduled"
+        await kit.client.post("/threads/p/signals", json={"payload": 0, "id": "c"})
+        over = await kit.client.post("/threads/p/signals", json={"payload": 0, "id": "x"})
+        assert over.json()["outcome"] == "rejected" and "3" in over.json()["reason"]
+        pending = (await kit.client.get("/threads/p")).json()["pending"]
+        assert [p["id"] for p in pending] == ["b1", "d", "c"]  # priority, then accept order
+        bad = await kit.client.post("/threads/p/signals", json={"payload": 0, "priority": "hi"})
+        assert bad.status_code == 400 and "priority" in bad.json()["message"]
+        resumed = await kit.client.post("/threads/p/resume")
+        assert resumed.json() == {"thread_key": "p", "paused": False, "was_paused": True}
+        assert (await kit.client.get("/threads/p")).json()["thread"]["paused"] is False
+        wrong = await kit.client.get("/threads/p/pause")
+        assert wrong.status_code == 405
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 

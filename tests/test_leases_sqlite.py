@@ -281,8 +281,8 @@ class TracedDatabase(SQLiteDatabase):
         super().__init__(path)
         self.statements: list[str] = []
 
-    def _connect(self) -> Any:
-        conn = super()._connect()
+    def connect(self) -> Any:
+        conn = super().connect()
         conn.set_trace_callback(self.statements.append)
         return conn
 

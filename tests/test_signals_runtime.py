@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from leases import InMemoryLeaseProvider
 from leases.testing import ManualClock, RecordingLeaseProvider
-from pubsub import InMemoryPubSub
+from pubsub import InMemoryPubSub, RedisStreamsPubSub, SQLitePubSub
 from signals import (
     ClosedError,
     ConfigurationError,
@@ -607,3 +607,26 @@ async def test_an_error_in_the_runtime_s_body_propagates_as_it_is() -> None:
         ) as runtime:
             await runtime.send("t", "x")
             raise LookupError("mine")  # not an ExceptionGroup: the user's except still works
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_an_error_in_the_body_propagates_on_every_backend(
+    backend: str, anyio_backend: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    """Leaving a worker runtime closes its notice subscription (real I/O on these backends)
+    before its tasks are cancelled: the body's exception is neither lost nor wrapped."""
+    if backend == "redis" and anyio_backend != "asyncio":
+        pytest.skip("redis-py is asyncio-only")
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            await run.ack(signal)
+
+    pubsub: Any = (SQLitePubSub(tmp_path / "s.db") if backend == "sqlite" else
+                   RedisStreamsPubSub(url=request.getfixturevalue("redis_url"),
+                                      key_prefix=request.getfixturevalue("key_prefix")))
+    with pytest.raises(LookupError, match="mine"):
+        async with pubsub, SignalRuntime(pubsub=pubsub, agent=agent) as runtime:
+            await runtime.send("t", "x")
+            await runtime.wait_idle()
+            raise LookupError("mine")

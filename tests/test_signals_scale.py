@@ -154,6 +154,58 @@ async def test_a_routed_signal_costs_two_backend_calls() -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_routed_signal_costs_two_redis_round_trips(
+    anyio_backend: str, private_redis_server: Any
+) -> None:
+    """On Redis, seen by the server itself (MONITOR): the sender's route is one script (which
+    also publishes the notice that carries the signal to the owner's run) and the owner's ack
+    one more. No other client command runs for it."""
+    first_done, acked = anyio.Event(), anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            await run.ack(signal)
+            (first_done if signal.payload == "first" else acked).set()
+
+    url = private_redis_server.url
+    client = redis.asyncio.Redis.from_url(url)
+    seen: list[str] = []
+
+    async def watch(task_status: Any) -> None:
+        async with client.monitor() as monitor:
+            task_status.started()
+            async for command in monitor.listen():
+                if command["client_type"] != "lua":  # a script's own commands are not trips
+                    seen.append(command["command"])
+
+    try:
+        async with anyio.create_task_group() as tg, RedisStreamsPubSub(
+            url=url, key_prefix="rt"
+        ) as pubsub, SignalRuntime(
+            pubsub=pubsub, agent=agent, idle_wait_ms=60_000, recover_interval_ms=60_000,
+            lease_ttl_ms=60_000, shutdown_timeout_ms=0,
+        ) as owner, SignalRuntime(pubsub=pubsub, agent=None) as sender:
+            await owner.send("t", "first")
+            with anyio.fail_after(5):
+                await first_done.wait()
+                await anyio.sleep(0.1)  # the run now waits for its next signal
+            await tg.start(watch)
+            await anyio.sleep(0.1)
+            seen.clear()
+            assert (await sender.send("t", "routed")).outcome == "deliver"
+            with anyio.fail_after(5):
+                await acked.wait()
+            await anyio.sleep(0.1)
+            trips = list(seen)
+            assert owner.active_run("t") is not None  # the same run: no handoff, no claim
+            tg.cancel_scope.cancel()
+    finally:
+        await client.aclose()
+    assert [c.split()[0].upper() for c in trips] == ["EVALSHA", "EVALSHA"], trips
+
+
+@pytest.mark.redis
 @pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_two_thousand_active_threads_hold_through_three_ttls(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +21,12 @@ from signals import InMemorySignalStore, RedisSignalStore, Signal
 from signals.testing import SignalBackendConformance
 
 pytestmark = pytest.mark.anyio
+
+
+async def assert_no_pending_work(core: Any) -> None:
+    """Every check of the kit withdraws what it left: no thread of its prefix is indexed."""
+    left = await core.due(limit=1000, until=math.inf)
+    assert left.threads == [], f"the check left pending work on {left.threads}"
 
 
 class TestInMemoryCore(SignalBackendConformance):
@@ -57,8 +64,10 @@ class TestInMemoryCoreGeneric(SignalBackendConformance):
     """Without a lease provider: no fused calls (those checks skip), real time."""
 
     @pytest.fixture
-    def core(self) -> InMemorySignalStore:
-        return InMemorySignalStore()
+    async def core(self) -> AsyncIterator[InMemorySignalStore]:
+        core = InMemorySignalStore()
+        yield core
+        await assert_no_pending_work(core)  # after the kit's own clean-up
 
 
 @pytest.mark.redis
@@ -69,9 +78,12 @@ class TestRedisCore(SignalBackendConformance):
             yield leases
 
     @pytest.fixture
-    def core(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:
-        return RedisSignalStore(client=leases.client, key_prefix=f"{key_prefix}:signals",
+    async def core(self, leases: RedisLeaseProvider, key_prefix: str
+                   ) -> AsyncIterator[RedisSignalStore]:
+        core = RedisSignalStore(client=leases.client, key_prefix=f"{key_prefix}:signals",
                                 leases=leases)
+        yield core
+        await assert_no_pending_work(core)  # after the kit's own clean-up
 
     @pytest.fixture
     def small_core(self, leases: RedisLeaseProvider, key_prefix: str) -> RedisSignalStore:

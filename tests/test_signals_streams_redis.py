@@ -180,3 +180,35 @@ async def test_a_cancel_racing_a_pickup_is_cancelled_or_processed_never_both(
             assert processed[sid] == 0, sid
         else:
             assert receipt.status == "processed" and processed[sid] == 1, (sid, receipt)
+
+
+async def test_a_follower_waiter_from_an_older_cursor_misses_nothing(
+    redis_url: str, key_prefix: str
+) -> None:
+    """One reader connection follows every waiter: a waiter that arrives from an older cursor
+    while a read for a newer one is being answered gets everything after its own cursor, not
+    the answer to the newer read. (The race is timing-bound: ten rounds.)"""
+    from signals import RedisSignalStore
+    from signals.kit import PartIn
+
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix)
+    part = functools.partial(PartIn, "part", "r/1", None)
+    try:
+        async with store.follower() as follower:
+            for round_ in range(10):
+                thread = f"t{round_}"
+                cursors = await store.emit(thread, [part(json.dumps(i)) for i in range(6)])
+                got: dict[str, list[Any]] = {}
+
+                async def wait(name: str, after: str, thread: str = thread,
+                               got: dict[str, list[Any]] = got) -> None:
+                    got[name] = [p.data for p in await follower.wait(thread, after)]
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait, "new", cursors[5])  # the reader blocks after part 5
+                    await anyio.sleep(0.05)
+                    await store.emit(thread, [part(json.dumps(6))])  # answered now...
+                    tg.start_soon(wait, "old", cursors[2])  # ...as an older waiter arrives
+                assert got == {"new": [6], "old": [3, 4, 5, 6]}, (round_, got)
+    finally:
+        await store.aclose()

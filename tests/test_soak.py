@@ -132,6 +132,21 @@ def test_bounded_sqlite_soak_with_kills() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.postgres
+def test_bounded_postgres_soak_with_kills_and_restarts(postgres_server: Any) -> None:
+    """The soak's own PostgreSQL (binaries of the session's server), restarted immediate and
+    fast in turn, while owners are SIGKILLed."""
+    code, result, stderr = _soak(
+        "--backend", "postgres", "--seconds", "20", "--workers", "3", "--threads", "6",
+        "--kill-every", "2", "--restart-server-every", "6", "--ttl-ms", "1500",
+        "--rate", "20", "--seed", "7", timeout=300,
+    )
+    assert result["faults"]["kills"] >= 5 and result["faults"]["redis_restarts"] >= 2
+    assert result["processed"] > 200
+    _assert_passed(code, result, stderr)
+
+
+@pytest.mark.slow
 def test_a_custom_backend_with_its_store_apart_is_soaked() -> None:
     code, result, stderr = _soak(
         "--backend", "tests.test_soak:sqlite_store_apart", "--seconds", "8", "--workers", "2",

@@ -81,12 +81,19 @@ class Tx:
 
 
 class Database(ABC):
-    """A SQL database shared by the parts of one backend (leases, pub/sub, signal store).
+    """A SQL database shared by the parts of one backend (leases, pub/sub, signal core).
 
     ``await db.run(fn)`` calls ``fn(tx)`` in a worker thread inside one transaction and
     returns its result; ``write=True`` takes the write lock up front (SQLite ``BEGIN
     IMMEDIATE``). At most ``max_connections`` connections are open at once, and so at most
     that many operations run at a time; the others wait for a connection.
+
+    A database for another DB-API driver is a subclass with :attr:`name` and three hooks,
+    each called in a worker thread: :meth:`connect` (a new connection), :meth:`begin` (start
+    a transaction on a cursor; return the clock every lease comparison of that transaction
+    uses, and Unix time) and :meth:`map_error` (the driver's errors onto
+    ``BackendUnavailableError`` / ``BackendPermanentError``); optionally :meth:`healthy`,
+    and the class attributes :attr:`param` and :attr:`dialect`.
     """
 
     #: Placeholder of the driver (``?`` for sqlite3, ``%s`` for psycopg).
@@ -112,20 +119,27 @@ class Database(ABC):
     # -- the driver -------------------------------------------------------------------------
 
     @abstractmethod
-    def _connect(self) -> Any:
+    def connect(self) -> Any:
         """A new connection (in a worker thread)."""
 
     @abstractmethod
-    def _begin(self, cursor: Any, write: bool) -> tuple[int, float]:
-        """Start a transaction; return the database's clock (ms) and Unix time (s)."""
+    def begin(self, cursor: Any, write: bool) -> tuple[int, float]:
+        """Start a transaction (``write``: take the write lock now, where the database has
+        one); return the clock (ms) that lease expiries of this transaction are compared
+        with, and Unix time (s). The clock must be one that every process using the
+        database shares and that never goes back (the server's clock, or one host's)."""
 
     @abstractmethod
-    def _map_error(self, exc: Exception, what: str) -> BackendError | None:
+    def map_error(self, exc: Exception, what: str) -> BackendError | None:
         """The library's error for a driver error, or ``None`` to let it through."""
 
-    def _healthy(self, conn: Any) -> bool:
+    def healthy(self, conn: Any) -> bool:
         """Whether a connection that raised may go back to the pool."""
         return True
+
+    def lock_schemas(self, tx: Tx) -> None:  # noqa: B027 (a hook: most databases need none)
+        """Make schema creations of concurrent processes wait for each other (a database
+        whose write transactions are not already serial: Postgres takes a lock here)."""
 
     # -- running ----------------------------------------------------------------------------
 
@@ -150,7 +164,7 @@ class Database(ABC):
         try:
             cursor = conn.cursor()
             try:
-                now_ms, wall = self._begin(cursor, write)
+                now_ms, wall = self.begin(cursor, write)
                 result = fn(Tx(cursor, self.param, self.dialect, now_ms, wall))
                 conn.commit()
                 return result
@@ -163,8 +177,8 @@ class Database(ABC):
             finally:
                 cursor.close()
         except Exception as exc:
-            healthy = healthy and self._healthy(conn)
-            mapped = self._map_error(exc, what)
+            healthy = healthy and self.healthy(conn)
+            mapped = self.map_error(exc, what)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -172,7 +186,7 @@ class Database(ABC):
             self._give(conn, healthy)
 
     def _mapped(self, exc: Exception, what: str) -> Exception:
-        mapped = self._map_error(exc, what)
+        mapped = self.map_error(exc, what)
         return mapped if mapped is not None else exc
 
     def _take(self) -> Any:
@@ -181,7 +195,7 @@ class Database(ABC):
                 return self._idle.pop()
             self._open += 1
         try:
-            return self._connect()
+            return self.connect()
         except BaseException:
             with self._lock:
                 self._open -= 1
@@ -222,6 +236,7 @@ class Database(ABC):
 
     async def _create(self, component: str, version: int, ddl: Sequence[str]) -> None:
         def create(tx: Tx) -> None:
+            self.lock_schemas(tx)
             tx.execute("CREATE TABLE IF NOT EXISTS schema_versions "
                        "(component TEXT PRIMARY KEY, version INTEGER NOT NULL)")
             found = tx.value("SELECT version FROM schema_versions WHERE component = ?",

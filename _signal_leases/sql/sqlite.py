@@ -80,7 +80,7 @@ class SQLiteDatabase(Database):
                 f"is not writable"
             )
 
-    def _connect(self) -> Any:
+    def connect(self) -> Any:
         self.check_path()
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000,
                                isolation_level=None, check_same_thread=False)
@@ -150,11 +150,11 @@ class SQLiteDatabase(Database):
         assert self._boot_ms is not None
         return self._boot_ms + int(time.monotonic() * 1000)
 
-    def _begin(self, cursor: Any, write: bool) -> tuple[int, float]:
+    def begin(self, cursor: Any, write: bool) -> tuple[int, float]:
         cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         return self.now_ms(), time.time()
 
-    def _map_error(self, exc: Exception, what: str) -> BackendError | None:
+    def map_error(self, exc: Exception, what: str) -> BackendError | None:
         if isinstance(exc, BackendError):
             return exc
         if not isinstance(exc, sqlite3.Error):

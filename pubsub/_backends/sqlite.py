@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 import pubsub._backends.sql.tables as ps
+from _signal_leases.aio import owned_task_group
 from _signal_leases.sql.sqlite import SQLiteDatabase
 from leases import SQLiteLeaseProvider
 from pubsub._backends.sql.pubsub import SQLPubSub
@@ -67,9 +68,12 @@ class _UnixDoorbell:
                     self._out.sendto(message, address)
                 except BlockingIOError:
                     pass  # its buffer is full: its poll reads the event anyway
-                except OSError:  # gone: forget it
+                except OSError as exc:  # gone: forget it
                     self._peers.remove((peer_id, address))
                     gone.append(peer_id)
+                    if isinstance(exc, ConnectionRefusedError):  # nobody bound: a dead socket
+                        with contextlib.suppress(OSError):
+                            os.unlink(address)
         if gone:
             with contextlib.suppress(Exception):
                 await self._db.run(lambda tx: tx.many("DELETE FROM ps_listeners WHERE id = ?",
@@ -91,7 +95,7 @@ class _UnixDoorbell:
         self._out.setblocking(False)
         try:
             async with await anyio.create_unix_datagram_socket(local_path=self._path) as sock, \
-                    anyio.create_task_group() as tg:
+                    owned_task_group() as tg:
                 await self._register()
 
                 async def receive() -> None:

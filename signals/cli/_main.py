@@ -26,6 +26,11 @@ Commands::
     dead-letters THREAD_KEY [--retry ID [ID ...] | --purge]
         Signals that failed max_attempts deliveries; --retry puts those back into the inbox
         and wakes the workers, --purge deletes all of them.
+    pause THREAD_KEY
+        Pause the thread for every process: it keeps accepting signals, no run starts, and
+        an active run is handed no further signal (the one in hand finishes).
+    resume THREAD_KEY
+        Resume a paused thread: its signals go on in order.
 
 Options of every command: --redis-url URL (default: $REDIS_URL); --cluster when that URL is
 a seed node of a Redis Cluster; --key-prefix P, the key_prefix of the RedisStreamsPubSub the
@@ -229,10 +234,22 @@ async def _dead_letters(rt: SignalRuntime, args: argparse.Namespace, out: TextIO
     return EXIT_OK
 
 
+async def _pause(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    key, pausing = args.thread_key, args.command == "pause"
+    was = await (rt.pause(key) if pausing else rt.resume(key))
+    if pausing:
+        text = f"{key!r} was already paused" if was else f"paused {key!r}"
+    else:
+        text = f"resumed {key!r}" if was else f"{key!r} was not paused"
+    _say(args, out, {"thread_key": key, "paused": pausing, "was_paused": was}, text)
+    return EXIT_OK
+
+
 _Command = Callable[["SignalRuntime", argparse.Namespace, TextIO], Awaitable[int]]
 _COMMANDS: dict[str, _Command] = {
     "threads": _threads, "inspect": _inspect, "pending": _pending, "cancel": _cancel,
     "abort": _abort, "tail": _tail, "receipt": _receipt, "dead-letters": _dead_letters,
+    "pause": _pause, "resume": _pause,
 }
 
 
@@ -333,6 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--retry", nargs="+", default=[], metavar="ID",
                         help="put these dead letters back into the inbox")
     action.add_argument("--purge", action="store_true", help="delete every dead letter")
+    command("pause", "pause one thread for every process (signals wait, no run starts)")
+    command("resume", "resume a paused thread (its signals go on in order)")
     return parser
 
 

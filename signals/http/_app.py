@@ -10,6 +10,8 @@ POST     ``/threads/{key}/signals``      ``send`` (``?wait=S``: and ``wait_for``
 GET      ``/threads/{key}/stream``       ``stream``, as Server-Sent Events           stream
 GET      ``/threads/{key}``              ``thread`` and ``pending``                  read
 POST     ``/threads/{key}/abort``        ``abort``                                   abort
+POST     ``/threads/{key}/pause``        ``pause``                                   pause
+POST     ``/threads/{key}/resume``       ``resume``                                  pause
 DELETE   ``/threads/{key}/signals/{id}`` ``cancel``                                  cancel
 GET      ``/threads/{key}/signals/{id}`` ``receipt`` (``?wait=S``: ``wait_for``)     read
 =======  ==============================  ==========================================  =======
@@ -68,7 +70,10 @@ DEFAULT_HEARTBEAT = 15.0
 #: The largest ``?wait=`` a request may ask for, in seconds.
 DEFAULT_MAX_WAIT = 300.0
 
-_SEND_FIELDS = frozenset({"payload", "id", "type", "if_active", "if_idle"})
+_SIGNAL_FIELDS = ("id", "type", "priority", "lane", "merge", "cache_key", "not_before",
+                  "expires_at", "debounce_ms", "max_wait_ms")
+_SEND_OPTIONS = ("if_active", "if_idle", "delay_ms", "expires_in_ms")
+_SEND_FIELDS = frozenset({"payload", *_SIGNAL_FIELDS, *_SEND_OPTIONS})
 _ABORT_FIELDS = frozenset({"run_id", "clear_pending", "reason"})
 _STORED = frozenset({"wake", "deliver", "queued"})
 
@@ -137,7 +142,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 # -- routing ---------------------------------------------------------------------------------
 
-_TAILS = frozenset({"signals", "stream", "abort"})
+_TAILS = frozenset({"signals", "stream", "abort", "pause", "resume"})
 _CURSOR = re.compile(r"\d+(-\d+)?")  # the cursors of the built-in stores (as in the CLI)
 
 
@@ -187,6 +192,8 @@ class _Api:
             ("stream", "GET"): ("stream", self.stream),
             ("thread", "GET"): ("read", self.thread),
             ("abort", "POST"): ("abort", self.abort),
+            ("pause", "POST"): ("pause", self.pause),
+            ("resume", "POST"): ("pause", self.pause),
             ("signal", "DELETE"): ("cancel", self.cancel),
             ("signal", "GET"): ("read", self.receipt),
         }
@@ -224,10 +231,11 @@ class _Api:
             raise HTTPError(400, "bad_request", f"unknown fields: {', '.join(unknown)}")
         if "payload" not in body:
             raise HTTPError(400, "bad_request", "the body needs a payload (null is fine)")
-        signal = Signal(body["payload"], **{k: body[k] for k in ("id", "type") if k in body})
+        signal = Signal(body["payload"], **{k: body[k] for k in _SIGNAL_FIELDS if k in body})
         delivery = await self.runtime.send(
             key, signal, if_active=body.get("if_active", "deliver"),
-            if_idle=body.get("if_idle", "wake"),
+            if_idle=body.get("if_idle", "wake"), delay_ms=body.get("delay_ms"),
+            expires_in_ms=body.get("expires_in_ms"),
         )
         out = delivery_json(delivery)
         if wait is not None and (delivery.duplicate or delivery.outcome in _STORED):
@@ -277,6 +285,11 @@ class _Api:
         aborted = await self.runtime.abort(key, body.get("run_id"), clear_pending=clear,
                                            reason=body.get("reason"))
         return JSONResponse({"aborted": aborted})
+
+    async def pause(self, request: Request, key: str, _: str | None) -> Response:
+        pausing = _segments(request.scope)[-1] == "pause"
+        was = await (self.runtime.pause(key) if pausing else self.runtime.resume(key))
+        return JSONResponse({"thread_key": key, "paused": pausing, "was_paused": was})
 
     async def cancel(self, request: Request, key: str, signal_id: str | None) -> Response:
         assert signal_id is not None

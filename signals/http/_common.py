@@ -202,6 +202,9 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
         "duplicate": delivery.duplicate,
         "backpressure": delivery.backpressure,
         "receipt": receipt_json(delivery.receipt) if delivery.receipt is not None else None,
+        "reason": delivery.reason,
+        "superseded": list(delivery.superseded),
+        "dropped": list(delivery.dropped),
     }
 
 

@@ -9,14 +9,17 @@
 * :class:`KitStore`: the runtime's view of a backend, derived from a core, the lease provider
   and the pub/sub (notices over the pub/sub, presence over leases, and so on).
 * :class:`SQLCore`: the twelve methods (and streams, and the fused calls with the same
-  database's leases) over any SQL database reached through :mod:`_signal_leases.sql`: the
-  engine SQLite and Postgres run on.
+  database's leases) over any SQL database: a :class:`Database` (subclass it for your DB-API
+  driver: a name and three hooks) whose operations run as functions of a :class:`Tx`. The
+  SQLite backend is built on it; ``leases.SQLLeaseProvider`` and ``pubsub.SQLPubSub`` are
+  the leases and the pub/sub over the same database.
 
 See docs/custom-backend.md for the exact member lists, what each capability buys and what is
 lost without it, and a complete small backend; ``signals.testing`` has a conformance kit per
 part.
 """
 
+from _signal_leases.sql import Database, Tx
 from signals._model import Receipt, Signal, StreamPart
 from signals.kit._capabilities import (
     CARRY_LIMIT,
@@ -63,6 +66,7 @@ __all__ = [
     "Ack",
     "Claim",
     "Claimed",
+    "Database",
     "DeadLetter",
     "Due",
     "EntryState",
@@ -87,6 +91,7 @@ __all__ = [
     "SignalCore",
     "StreamPart",
     "Taken",
+    "Tx",
     "ThreadState",
     "decode_entry",
     "is_signal_core",

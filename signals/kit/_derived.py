@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,26 @@ class PubSubNotices:
     async def notify(self, runtime_id: str | None, notice: Notice) -> None:
         await self._pubsub.publish(self._topic(runtime_id),
                                    Event("signals.notice", notice_data(notice)))
+
+    def stager(self, database: object) -> Callable[[Any, str | None, Notice], str] | None:
+        """When the pub/sub keeps its events in ``database`` and can publish inside one of
+        its transactions (``publish_in``, as ``SQLPubSub``): ``stage(tx, runtime_id,
+        notice) -> topic``, which writes the notice in the caller's transaction (then call
+        :meth:`announce` with the topics after the commit). ``None`` otherwise."""
+        publish_in = getattr(self._pubsub, "publish_in", None)
+        if publish_in is None or getattr(self._pubsub, "sql_database", None) is not database:
+            return None
+
+        def stage(tx: Any, runtime_id: str | None, notice: Notice) -> str:
+            topic = self._topic(runtime_id)
+            publish_in(tx, topic, Event("signals.notice", notice_data(notice)))
+            return topic
+
+        return stage
+
+    async def announce(self, topics: Collection[str]) -> None:
+        """Wake the readers of ``topics`` after the transaction that staged them committed."""
+        await self._pubsub.announce(topics)  # type: ignore[attr-defined]
 
     @asynccontextmanager
     async def listen(self, runtime_id: str, handler: Callable[[Notice], None], *, worker: bool

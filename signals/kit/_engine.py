@@ -293,14 +293,15 @@ class Engine:
                 t.update(e)
                 out.append(e)
         for lane in {e.lane for e in out if e.lane is not None}:
-            if not any(x.state in _OPEN for x in t.lane(key, lane)):
+            if not t.lane_open(key, lane):
                 state = th.lanes.get(lane, {})
                 state.pop("f", None)  # the lane's next window starts with its next signal
                 state.pop("g", None)
         self._emptied(t, th)
         t.save_thread(th)
         more = t.best(key, run.run_id) is not None
-        return Taken(tuple(_entry(e) for e in out), more=more, dead=tuple(dead))
+        return Taken(tuple(_entry(e) for e in out), more=more, dead=tuple(dead),
+                     next_due=None if more else t.next_due(key))
 
     def settle(self, t: Tables, key: str, run: RunRef, acks: Sequence[Ack],
                failed: Sequence[str], returned: Sequence[str], error: str | None) -> bool:
@@ -314,16 +315,27 @@ class Engine:
             if e is not None and (e.state == "carried" or (
                     e.state == "held" and e.holder == run.run_id)):
                 e.state, e.holder, e.attempts = "ready", None, max(0, e.attempts - 1)
-                t.update(e)
+                self._back(t, th, e)
         self._adopt(t, th, run)
         self._ack(t, th, run, acks)
         for sid in failed:
             e = t.by_signal(key, sid)
             if e is not None and e.holder == run.run_id:
                 e.state, e.holder, e.error = "ready", None, error
-                t.update(e)
+                self._back(t, th, e)
+        self._emptied(t, th)
         t.save_thread(th)
         return True
+
+    def _back(self, t: Tables, th: ThreadRow, e: EntryRow) -> None:
+        """``e`` is ready again; a newer pending ``supersede`` signal of its lane (accepted
+        while a run held ``e``) replaces it now, as it would have then."""
+        if e.lane is not None:
+            for newer in t.lane(th.key, e.lane):
+                if newer.seq > e.seq and newer.state in _OPEN and newer.merge == "supersede":
+                    self._remove(t, th, [e], "superseded", by=newer.sid)
+                    return
+        t.update(e)
 
     def withdraw(self, t: Tables, key: str, signal_ids: Sequence[str] | None,
                  held: bool) -> list[str]:

@@ -120,6 +120,10 @@ class Tables(Protocol):
         """Every entry of ``lane``, by seq."""
         ...
 
+    def lane_open(self, key: str, lane: str) -> bool:
+        """Whether ``lane`` has an entry ``ready`` or ``later`` (without reading them all)."""
+        ...
+
     def ripe(self, key: str, until: float) -> list[EntryRow]:
         """Entries ``later`` with ``due <= until``."""
         ...

@@ -18,7 +18,8 @@ result is one JSON document on stdout and the report (summary last) goes to stde
 
 Backends: ``memory`` (one process, no faults: the send/verify path), ``redis`` (the soak's
 own redis-server, or ``--redis-url``: then no restarts), ``cluster`` (``--redis-url`` of a
-seed node; kills only), ``sqlite`` (one file in the soak's work directory; kills only), or
+seed node; kills only), ``sqlite`` (one file in the soak's work directory; kills only),
+``postgres`` (its own PostgreSQL, restarted too, or ``--postgres-dsn``: then kills only), or
 ``module:factory`` for your own: a callable that takes a :class:`FactoryContext` and returns
 an unentered pub/sub or a :class:`SoakBackend` (pub/sub, leases, inbox), or an awaitable of
 one, called in every worker process and in the sender. See docs/guarantees.md, "The fault
@@ -55,7 +56,7 @@ __all__ = ["FactoryContext", "Interrupted", "SoakBackend", "build_parser", "main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m signals.soak",
-        description="Fault soak of the signal runtime: kills, Redis restarts, black holes; "
+        description="Fault soak of the signal runtime: kills, server restarts, black holes; "
                     "then a verdict on lost signals, overlapping runs and fencing tokens.",
         epilog="A custom backend: --backend mypkg.module:factory, where factory(ctx) takes a "
                "signals.soak.FactoryContext (role, key_prefix, url, worker, ttl_ms) and "
@@ -65,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--backend", default="redis",
-        help="memory, redis, cluster, sqlite or module:factory (default: redis)")
+        help="memory, redis, cluster, sqlite, postgres or module:factory (default: redis)")
+    add("--postgres-dsn", default=None,
+        help="an existing PostgreSQL for --backend postgres (a schema per run; then no "
+             "restarts); without it the soak starts its own")
     add("--redis-url", default=None,
         help="an existing Redis (redis) or a cluster seed node (cluster); without it the "
              "redis backend starts its own redis-server with AOF")
@@ -75,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="long-lived threads signals go to, besides short conversations (default 16)")
     add("--kill-every", type=float, default=3.0,
         help="SIGKILL a random owner every N seconds; 0: never (default 3)")
-    add("--restart-redis-every", type=float, default=30.0,
-        help="restart the soak's own Redis every N seconds; 0: never (default 30)")
+    add("--restart-redis-every", "--restart-server-every", dest="restart_redis_every",
+        type=float, default=30.0,
+        help="restart the soak's own server (Redis, or PostgreSQL: immediate and fast stops "
+             "in turn) every N seconds; 0: never (default 30)")
     add("--blackhole-every", type=float, default=20.0,
         help="black-hole one worker's connections every N seconds; 0: never (default 20)")
     add("--blackhole-seconds", type=float, default=3.0,
@@ -131,6 +137,7 @@ def parse_options(argv: list[str] | None = None) -> SoakOptions:
                        else max(30.0, 15 * a.ttl_ms / 1000)),
         seed=a.seed if a.seed is not None else random.randrange(1_000_000),
         json=a.json, keep=a.keep, no_aof=a.no_aof, block_ms=a.blocking_agent_ms,
+        postgres_dsn=a.postgres_dsn,
     )
 
 

@@ -1,7 +1,8 @@
 """Options of ``python -m signals.soak``, the backends it soaks, and the runtimes' settings.
 
 A backend is ``memory``, ``redis``, ``cluster``, ``sqlite`` (one file in the soak's work
-directory, shared by every process) or ``module:factory``: an import path to a callable that
+directory, shared by every process), ``postgres`` (the soak's own PostgreSQL, or
+``--postgres-dsn``) or ``module:factory``: an import path to a callable that
 takes a :class:`FactoryContext` and returns, or returns an awaitable of, either an (unentered)
 pub/sub or a :class:`SoakBackend` (a pub/sub with its own ``leases=`` and ``inbox=``, however
 the store is provided; a mapping with those keys works too). The soak enters each part with
@@ -40,7 +41,7 @@ __all__ = [
     "socket_timeout_s",
 ]
 
-BUILTIN_BACKENDS = ("memory", "redis", "cluster", "sqlite")
+BUILTIN_BACKENDS = ("memory", "redis", "cluster", "sqlite", "postgres")
 #: Deliveries before a signal is dead-lettered, in the soak: high, so that a signal whose
 #: owners keep being killed is retried rather than set aside (a dead letter counts as lost).
 SOAK_MAX_ATTEMPTS = 1000
@@ -55,7 +56,8 @@ class FactoryContext:
     * ``key_prefix``: unique to this soak run; put every key or name of your backend under it,
       so runs never see each other's data.
     * ``url``: ``--redis-url`` as given (``None`` when it was not given); a factory may use
-      it for any backend address. For ``--backend sqlite`` it is the database file's path.
+      it for any backend address. For ``--backend sqlite`` it is the database file's path, for
+      ``--backend postgres`` the DSN.
     * ``worker``: the worker's slot, ``0 .. --workers - 1`` (a replacement for a killed
       worker gets the same slot); ``None`` for the sender.
     * ``ttl_ms``: the lease TTL the runtimes use; size your client timeouts from it (at most
@@ -91,6 +93,7 @@ class SoakOptions:
     keep: bool
     no_aof: bool
     block_ms: int = 0
+    postgres_dsn: str | None = None
 
     @property
     def custom(self) -> bool:
@@ -102,12 +105,17 @@ class SoakOptions:
         return self.backend == "redis" and self.redis_url is None
 
     @property
+    def own_postgres(self) -> bool:
+        """The soak starts (and may restart) its own PostgreSQL."""
+        return self.backend == "postgres" and self.postgres_dsn is None
+
+    @property
     def kills(self) -> bool:
         return self.backend != "memory" and self.kill_every > 0
 
     @property
     def restarts(self) -> bool:
-        return self.own_redis and self.restart_redis_every > 0
+        return (self.own_redis or self.own_postgres) and self.restart_redis_every > 0
 
     @property
     def proxied(self) -> bool:
@@ -192,7 +200,8 @@ def load_factory(spec: str) -> Callable[[FactoryContext], Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(
-            f"--backend must be memory, redis, cluster, sqlite or module:factory, got {spec!r}"
+            f"--backend must be memory, redis, cluster, sqlite, postgres or module:factory, got "
+            f"{spec!r}"
         )
     try:
         obj: Any = importlib.import_module(module_name)
@@ -217,7 +226,8 @@ def _is_pubsub(obj: object) -> bool:
 async def open_backend(backend: str, ctx: FactoryContext) -> SoakBackend:
     """The parts of ``backend`` for ``ctx`` (unentered). ``redis`` and ``cluster`` build a
     ``RedisStreamsPubSub`` on ``ctx.url``, ``sqlite`` a ``SQLitePubSub`` on the file
-    ``ctx.url``; anything else is a factory's import path (see the module docstring)."""
+    ``ctx.url``, ``postgres`` a ``PostgresPubSub`` on the DSN ``ctx.url`` (a schema named after
+    the run); anything else is a factory's import path (see the module docstring)."""
     if backend in ("redis", "cluster"):
         from pubsub import RedisStreamsPubSub
 
@@ -226,6 +236,15 @@ async def open_backend(backend: str, ctx: FactoryContext) -> SoakBackend:
         return SoakBackend(RedisStreamsPubSub(
             url=ctx.url, key_prefix=ctx.key_prefix, cluster=backend == "cluster",
             socket_timeout=socket_timeout_s(ctx.ttl_ms), block_ms=500,
+        ))
+    if backend == "postgres":
+        from pubsub import PostgresPubSub
+
+        if ctx.url is None:
+            raise ValueError("--backend postgres needs a DSN")
+        return SoakBackend(PostgresPubSub(
+            ctx.url, schema=ctx.key_prefix.replace("-", "_"),
+            timeout_s=max(1.0, ctx.ttl_ms / 3000),
         ))
     if backend == "sqlite":
         from pubsub import SQLitePubSub

@@ -83,7 +83,7 @@ class SoakRun:
         self.workdir = workdir
         self.threads = [f"t{i:03d}" for i in range(options.threads)]
         self.stop = anyio.Event()
-        self.redis: OwnRedis | None = None
+        self.server: Any = None  # the soak's own server (OwnRedis or OwnPostgres), restarted
         self.fleet: Fleet | None = None
         self.t0 = 0.0
         prefix = f"soak-{uuid.uuid4().hex[:8]}"
@@ -133,15 +133,31 @@ class SoakRun:
             if o.backend == "sqlite":
                 url = str(self.workdir / "signals.db")
                 self.facts.redis = f"none (SQLite file {url}, shared by every process)"
+            if o.backend == "postgres":
+                url = o.postgres_dsn
+                self.facts.redis = "none (PostgreSQL at --postgres-dsn)"
+            if o.own_postgres:
+                from signals.soak.postgres_server import OwnPostgres, postgres_bin_dir
+
+                bin_dir = postgres_bin_dir()
+                if bin_dir is None:
+                    raise RuntimeError("PostgreSQL is not installed (apt-get install -y "
+                                       "postgresql), or pass --postgres-dsn")
+                self.server = OwnPostgres(bin_dir)
+                await self.server.start()
+                stack.push_async_callback(self.server.stop)
+                url = self.server.url
+                self.facts.redis = f"none (own PostgreSQL on {url}, fsync on)"
             if o.own_redis:
                 binary = redis_server_binary()
                 if binary is None:
                     raise RuntimeError("redis-server is not on PATH (apt-get install -y "
                                        "redis-server), or pass --redis-url")
-                self.redis = OwnRedis(binary, self.workdir / "redis", persistence=not o.no_aof)
-                await self.redis.start()
-                stack.push_async_callback(self.redis.stop)
-                url = self.redis.url
+                self.server = OwnRedis(binary, self.workdir / "redis",
+                                       persistence=not o.no_aof)
+                await self.server.start()
+                stack.push_async_callback(self.server.stop)
+                url = self.server.url
                 durability = "no persistence" if o.no_aof else "AOF, appendfsync always"
                 self.facts.redis = f"own redis-server on {url} ({durability})"
             tg = await stack.enter_async_context(anyio.create_task_group())
@@ -183,8 +199,8 @@ class SoakRun:
             for slot in self.fleet.slots:
                 if slot.route is not None:
                     slot.route.resume()
-        if self.redis is not None:
-            await self.redis.ensure_running()
+        if self.server is not None:
+            await self.server.ensure_running()
 
     # -- the fault phase -------------------------------------------------------------------
 
@@ -197,7 +213,7 @@ class SoakRun:
             if o.kills:
                 tg.start_soon(self._kill_loop, sender, name="soak kills")
             if o.restarts:
-                tg.start_soon(self._restart_loop, name="soak redis restarts")
+                tg.start_soon(self._restart_loop, name="soak server restarts")
             if o.blackholes:
                 tg.start_soon(self._blackhole_loop, sender, name="soak black holes")
             await anyio.sleep(o.seconds)
@@ -242,7 +258,7 @@ class SoakRun:
                 self.fleet.kill(victim)
 
     async def _restart_loop(self) -> None:
-        assert self.redis is not None
+        assert self.server is not None
         rng = random.Random(self.o.seed * 7 + 2)
         k = 0
         while True:
@@ -250,7 +266,7 @@ class SoakRun:
             if not await self._pause_until(self._schedule(rng, self.o.restart_redis_every, k)):
                 return
             at = time.monotonic()
-            await self.redis.restart()
+            await self.server.restart()
             self.facts.restarts.append((at, time.monotonic() - at))
 
     async def _blackhole_loop(self, sender: SignalRuntime) -> None:
@@ -284,7 +300,7 @@ class SoakRun:
             _say(f"soak: {k * PROGRESS_EVERY_S:4.0f}s  accepted {len(s.accepted)}  "
                  f"send errors {sum(s.errors.values())}  "
                  f"kills {len(fleet.kills) if fleet else 0}  "
-                 f"redis restarts {len(self.facts.restarts)}  "
+                 f"server restarts {len(self.facts.restarts)}  "
                  f"black holes {len(self.facts.holes)}  workers ready {workers}")
 
     # -- sending and the drain -------------------------------------------------------------

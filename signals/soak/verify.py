@@ -282,7 +282,7 @@ def format_report(result: dict[str, Any]) -> str:
         f"{st['workers']} workers, {st['threads']} threads, {st['seconds']:g} s, "
         f"ttl {st['ttl_ms']} ms, {st['rate']:g} signals/s, seed {st['seed']}",
         f"  faults      {f['kills']} kills (every {every['kill_every'] or '-'} s), "
-        f"{f['redis_restarts']} Redis restarts (every {every['restart_redis_every'] or '-'} s), "
+        f"{f['redis_restarts']} server restarts (every {every['restart_redis_every'] or '-'} s), "
         f"{f['blackholes']} black holes ({st['blackhole_seconds'] or '-'} s every "
         f"{every['blackhole_every'] or '-'} s); {f['workers_started']} worker processes "
         f"(ready after p50 {_t(f['worker_start_to_ready_s']['p50'])}), "
@@ -334,6 +334,6 @@ def summary_line(result: dict[str, Any]) -> str:
         f"soak {verdict}: accepted {result['signals']['checked']}, processed "
         f"{result['processed']}, lost {result['lost']}, duplicates {result['duplicates']}, "
         f"overlaps {result['overlaps']}, token violations {result['token_violations']}, "
-        f"kills {f['kills']}, redis restarts {f['redis_restarts']}, black holes "
+        f"kills {f['kills']}, server restarts {f['redis_restarts']}, black holes "
         f"{f['blackholes']}, takeover p50 {_t(tk['p50'])} p99 {_t(tk['p99'])}"
     )

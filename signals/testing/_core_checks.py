@@ -75,6 +75,14 @@ class SignalCoreConformance(Fixtures):
         assert after.outcome == "duplicate" and after.receipt is not None
         assert after.receipt.status == "processed"
 
+    async def test_dedup_comes_before_lanes_and_the_cap(self, core: SignalCore) -> None:
+        thread, cap = self.thread(), Limits(1, "reject")
+        state = {"lane": "state", "merge": "supersede", "cache_key": "v1"}
+        assert (await core.accept(thread, Signal(id="s", **state), "deliver", limits=cap)).fresh  # type: ignore[arg-type]
+        again = await core.accept(thread, Signal(id="s", **state), "deliver", limits=cap)  # type: ignore[arg-type]
+        assert again.outcome == "duplicate" and not again.superseded
+        assert ids(await core.entries(thread)) == ["s"]
+
     async def test_concurrent_accepts_of_one_id_store_it_once(self, core: SignalCore) -> None:
         thread = self.thread()
         outcomes: list[str] = []
@@ -244,6 +252,23 @@ class SignalCoreConformance(Fixtures):
         assert r1 is not None and r1.status == "superseded" and r1.superseded_by == "p2"
         assert held.signal.id == "p0"
 
+    async def test_a_signal_back_from_a_run_gives_way_to_a_newer_supersede(
+        self, core: SignalCore
+    ) -> None:
+        thread = self.thread()
+        lane = {"lane": "page", "merge": "supersede"}
+        for n in (0, 1):
+            await core.accept(thread, Signal(id=f"f{n}", lane="l"), "deliver")
+        await core.accept(thread, Signal(id="p0", priority=1, **lane), "deliver")  # type: ignore[arg-type]
+        run = RunRef("r/1", 1)
+        assert ids((await self.take(core, thread, run)).entries) == ["p0"]
+        await core.accept(thread, Signal(id="p1", **lane), "deliver")  # type: ignore[arg-type]
+        assert ids((await self.take(core, thread, run, first=False)).entries) == ["f0"]
+        await core.settle(thread, run, failed=["p0"], returned=["f0"], error="interrupted")
+        r0 = await core.receipt(thread, "p0")
+        assert r0 is not None and r0.status == "superseded" and r0.superseded_by == "p1"
+        assert ids(await core.entries(thread)) == ["f0", "f1", "p1"]  # an append lane: kept
+
     async def test_coalesce_hands_out_the_whole_lane_at_once(self, core: SignalCore) -> None:
         thread = self.thread()
         for n in range(3):
@@ -294,6 +319,17 @@ class SignalCoreConformance(Fixtures):
         await self.advance(core, 3 * self.tick_ms)
         assert thread in (await core.due(limit=ALL)).threads
         assert ids((await self.take(core, thread, RunRef("r/1", 1))).entries) == ["later"]
+
+    async def test_the_last_hand_out_tells_when_the_next_signal_comes_due(
+        self, core: SignalCore
+    ) -> None:
+        thread, tick = self.thread(), self.tick_ms / 1000
+        now = self.now(core)
+        await core.accept(thread, Signal(id="now"), "deliver")
+        await core.accept(thread, Signal(id="later", not_before=now + 2 * tick), "deliver")
+        taken = await self.take(core, thread, RunRef("r/1", 1))
+        assert ids(taken.entries) == ["now"] and not taken.more
+        assert taken.next_due is not None and taken.next_due > now
 
     async def test_an_expired_signal_is_never_handed_out(self, core: SignalCore) -> None:
         thread = self.thread()

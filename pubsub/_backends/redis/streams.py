@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Unpack
 
 import anyio
 
+from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import BackendError
 from _signal_leases.logs import get_logger
 from _signal_leases.redis_support import (
@@ -42,7 +43,7 @@ from pubsub._backends.redis.housekeeping import Housekeeper
 from pubsub._backends.redis.layout import FANOUT, StreamsContext, StreamsLayout, StreamsSettings
 from pubsub._backends.redis.reader import StreamReader
 from pubsub._backends.redis.slots import RedisSubscription
-from pubsub._base import PubSubBase, owned_task_group
+from pubsub._base import PubSubBase
 from pubsub._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, EventHandler, StartFrom
 from pubsub._leased import LeasedPubSub
 

@@ -25,7 +25,8 @@ import _signal_leases.sql.leases as sql_leases
 import pubsub._backends.sql.tables as ps
 from _signal_leases.aio import WakeQueue, owned_task_group
 from _signal_leases.logs import get_logger
-from _signal_leases.validation import check_int
+from _signal_leases.sql import Tx
+from _signal_leases.validation import check_identifier, check_int
 from pubsub._base import PubSubBase
 from pubsub._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS, Event, EventHandler, StartFrom
 from pubsub._delivery import LoopSubscription, deliver_with_retries
@@ -45,7 +46,12 @@ _PRUNE_S = 60.0
 
 
 class Doorbell(Protocol):
-    """How one process tells the others that it published (see the module docstring)."""
+    """How one process tells the others that it published (see the module docstring).
+
+    A doorbell whose database can signal inside a transaction (Postgres ``NOTIFY``, sent at
+    commit) also has ``ring_in(tx, topics)``, a synchronous method the pub/sub then calls in
+    the publishing transaction instead of :meth:`ring` after it.
+    """
 
     async def ring(self, topics: Collection[str]) -> None:
         """After a commit: wake the processes that read ``topics`` (best effort)."""
@@ -66,6 +72,7 @@ class _Sub:
     queue: WakeQueue[tuple[int, Event]] = field(default_factory=WakeQueue)
     cursor: int = 0  # fan-out: the last event id queued
     queued: int = 0  # items in the queue, or being handled
+    full: bool = False  # the last fetch filled the room: more rows may be waiting
     claimed: set[int] = field(default_factory=set)  # group: claims not yet handled
 
 
@@ -87,6 +94,8 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
         self.database = database
         self._leases = leases
         self._doorbell = doorbell
+        self._ring_in: Callable[[Tx, Collection[str]], None] | None = getattr(
+            doorbell, "ring_in", None)
         self.poll_ms = check_int("poll_ms", poll_ms)
         self.retention_ms = check_int("retention_ms", retention_ms)
         self.visibility_ms = check_int("visibility_ms", visibility_ms, minimum=100)
@@ -139,10 +148,34 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
 
     async def backend_publish(self, topic: str, event: Event, wire: str) -> None:
         await self._schema()
-        await self.database.run(lambda tx: ps.publish(tx, topic, wire),
-                                what=f"publish on {topic!r}")
-        self._wake(topic)
-        await self._doorbell.ring({topic})
+
+        def publish(tx: Tx) -> None:
+            ps.publish(tx, topic, wire)
+            if self._ring_in is not None:
+                self._ring_in(tx, (topic,))
+
+        await self.database.run(publish, what=f"publish on {topic!r}")
+        await self.announce((topic,))
+
+    def publish_in(self, tx: Tx, topic: str, event: Event) -> None:
+        """Publish ``event`` inside the caller's transaction ``tx`` on this very database:
+        the event is published exactly when that transaction commits. Then call
+        :meth:`announce` with its topic, so that readers (here and in other processes) look
+        now rather than at their next poll. Used by the signal core in the same database to
+        write a notice in the transaction that makes it true."""
+        check_identifier("topic", topic)
+        self._check_open(publishing=True)
+        ps.publish(tx, topic, event.to_json())
+        if self._ring_in is not None:
+            self._ring_in(tx, (topic,))
+
+    async def announce(self, topics: Collection[str]) -> None:
+        """Wake the readers of ``topics`` after a commit that published on them."""
+        if topics:
+            for topic in topics:
+                self._wake(topic)
+            if self._ring_in is None:
+                await self._doorbell.ring(set(topics))
 
     # -- subscribe -------------------------------------------------------------------------
 
@@ -185,8 +218,8 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
                     sub.claimed.discard(event_id)
             finally:
                 sub.queued -= 1
-                if sub.queued < self.batch // 2:
-                    self._wake(sub.topic)
+                if sub.full and sub.queued < self.batch // 2:
+                    self._wake(sub.topic)  # fetch what the last full batch left behind
 
         await sub.loop.serve(sub.queue, handle, task_status=task_status,
                              cleanup=lambda: self._forget(sub))
@@ -234,6 +267,7 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
     async def _fetch(self, sub: _Sub) -> None:
         room = self.batch - sub.queued
         if room <= 0:
+            sub.full = True
             return
         if sub.group is None:
             rows = await self.database.run(
@@ -248,6 +282,7 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
                 lambda tx: ps.claim(tx, sub.topic, group, self.consumer, room,
                                     self.visibility_ms), what=f"claim on {sub.topic!r}")
             sub.claimed.update(i for i, _, _ in items)
+        sub.full = len(items) >= room
         for event_id, body, attempt in items:
             try:
                 event = Event.from_json(body)

@@ -166,6 +166,12 @@ class MemoryTables:
             return []
         return [box.rows[s] for s in sorted(box.lanes.get(lane, ()))]
 
+    def lane_open(self, key: str, lane: str) -> bool:
+        box = self._s.inboxes.get(key)
+        if box is None:
+            return False
+        return any(box.rows[s].state in ("ready", "later") for s in box.lanes.get(lane, ()))
+
     def ripe(self, key: str, until: float) -> list[EntryRow]:
         box = self._s.inboxes.get(key)
         out: list[EntryRow] = []

@@ -192,6 +192,38 @@ local function lane_members(lane)
   return out
 end
 
+local function back(seq, m)
+  -- m is ready again: a newer pending supersede signal of its lane (accepted while a run
+  -- held m) replaces it now, as it would have then
+  if m.l then
+    local members = redis.call('ZRANGEBYLEX', K.ln, '(' .. lkey(m.l, tonumber(seq)),
+                               '(' .. m.l .. '\\1')
+    for _, member in ipairs(members) do
+      local nm = get(tostring(tonumber(string.sub(member, #m.l + 2))))
+      if nm and (nm.st == 'ready' or nm.st == 'later') and nm.g == 'supersede' then
+        remove_as(seq, m, 'superseded', '', nm.i)
+        return
+      end
+    end
+  end
+  file(seq, m)
+end
+
+local function lane_open(lane)
+  -- whether the lane has an entry ready or later: members by seq, held ones first, so this
+  -- stops after the few a run holds
+  local from = '[' .. lane .. '\\0'
+  while true do
+    local page = redis.call('ZRANGEBYLEX', K.ln, from, '(' .. lane .. '\\1', 'LIMIT', 0, 16)
+    for _, member in ipairs(page) do
+      local m = get(tostring(tonumber(string.sub(member, #lane + 2))))
+      if m and (m.st == 'ready' or m.st == 'later') then return true end
+    end
+    if #page < 16 then return false end
+    from = '(' .. page[#page]
+  end
+end
+
 local function emptied()
   if redis.call('HLEN', K.em) == 0 then
     index('r', 0)
@@ -542,20 +574,19 @@ while #out == 0 do
   end
 end
 for lane, _ in pairs(lanes_out) do
-  local open = false
-  for _, pair in ipairs(lane_members(lane)) do
-    if pair[2].st == 'ready' or pair[2].st == 'later' then open = true end
-  end
-  if not open then
+  if not lane_open(lane) then
     local s = lane_state(lane)
     s.f, s.g = nil, nil
     save_lane(lane, s)
   end
 end
 emptied()
-local more = 0
-if best(run) then more = 1 end
-return reply('ok', out, more, false, dead_ids)
+local more, nd = 0, false
+if best(run) then more = 1 else
+  nd = next_due()
+  if nd then nd = fmt(nd) else nd = false end
+end
+return reply('ok', out, more, nd, dead_ids)
 """
 
 #: ARGV after the header: 8 run, 9 token, 10 error ('' none), 11 #acks, 12 #failed, then
@@ -580,7 +611,7 @@ for j = i, #ARGV do
   local m = seq and get(seq)
   if m and (m.st == 'carried' or (m.st == 'held' and m.h == run)) then
     m.st, m.h, m.n = 'ready', nil, math.max(0, m.n - 1)
-    file(seq, m)
+    back(seq, m)
   end
 end
 adopt(run, token)
@@ -591,7 +622,7 @@ for _, sid in ipairs(failed) do
   if m and m.h == run then
     m.st, m.h = 'ready', nil
     if ARGV[10] ~= '' then m.e = ARGV[10] end
-    file(seq, m)
+    back(seq, m)
   end
 end
 emptied()

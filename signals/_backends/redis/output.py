@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import redis.exceptions
 
+from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import CursorExpiredError
 from _signal_leases.redis_support import UNAVAILABLE, is_cluster, reader_client, stream_id, text
 from signals._backends.redis.cluster_follower import ClusterFollower
@@ -104,7 +105,7 @@ class RedisOutput:
             follower = ClusterFollower(self.client, self.keys, self._log)
         else:
             follower = RedisFollower(self.client, self.keys, self._log)
-        async with anyio.create_task_group() as tg:
+        async with owned_task_group() as tg:
             await tg.start(follower.run)
             try:
                 yield follower
@@ -182,9 +183,10 @@ class RedisFollower:
                     with anyio.move_on_after(_BLOCK_MS / 1000):
                         await self._changed.wait()
                 continue
+            read_from = dict(self._reading)  # what this XREAD reads after, per thread
             streams: Any = {
                 self._keys.thread(t, "stream"): f"{ms}-{seq}"
-                for t, (ms, seq) in self._reading.items()
+                for t, (ms, seq) in read_from.items()
             }
             threads = {self._keys.thread(t, "stream"): t for t in self._reading}
             try:
@@ -207,6 +209,8 @@ class RedisFollower:
                     continue
                 parts = [decode_part(thread, raw_id, flat) for raw_id, flat in entries]
                 for waiter in list(self._waiters.get(thread, [])):
+                    if stream_id(waiter.after) < read_from[thread] or waiter.event.is_set():
+                        continue  # it waits from before what this read covers: next read
                     mine = [p for p in parts if stream_id(p.cursor) > stream_id(waiter.after)]
                     if mine:
                         waiter.parts = mine

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import BackendError
 from _signal_leases.redis_support import is_cluster, node_reader_client, refresh_slots, text
 from signals.kit._capabilities import Notice, RuntimeInfo
@@ -183,14 +184,11 @@ class RedisPresence:
         if worker:
             channels.append(self.keys.work_channel)
         ready = anyio.Event()
-        async with anyio.create_task_group() as tg:
+        async with owned_task_group() as tg:
             tg.start_soon(self._listen_loop, channels, handler, ready, name="signals notices")
             with anyio.fail_after(30):
                 await ready.wait()
-            try:
-                yield
-            finally:
-                tg.cancel_scope.cancel()
+            yield
 
     async def _listen_loop(
         self, channels: list[str], handler: Callable[[Notice], None], ready: anyio.Event

@@ -1,0 +1,168 @@
+"""PostgreSQL for every layer: one database (and one schema in it) shared by any number of
+processes on any number of hosts, through psycopg 3 (the ``postgres`` extra).
+
+Connections are psycopg's synchronous ones, used in worker threads like every
+:class:`~_signal_leases.sql.Database` (asyncio and trio alike); each transaction starts with
+one round trip that also reads the server's clock, ``clock_timestamp()``: every lease expiry
+and due time is compared with the database's clock, never a client's. The tables live in the
+schema ``schema`` (created when missing), reached through ``search_path``.
+
+**Timeouts.** ``timeout_s`` bounds connecting (``connect_timeout``), every statement
+(``statement_timeout``, which also bounds waits for a lock) and a connection whose packets go
+unanswered (``tcp_user_timeout``): an unreachable server is a
+:class:`~_signal_leases.errors.BackendUnavailableError` within about that long, never a hang.
+
+**Errors.** A refused or lost connection, a server shutting down or starting, a timeout, a
+serialization failure or a deadlock is ``BackendUnavailableError`` (retry later). A wrong
+password, an unknown role or database, a missing privilege or a schema of another version is
+``BackendPermanentError`` (fix the configuration).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+from _signal_leases.errors import BackendError, BackendPermanentError, BackendUnavailableError
+from _signal_leases.sql import Database, Tx
+from _signal_leases.validation import check_int
+
+__all__ = ["PostgresDatabase", "import_psycopg"]
+
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: SQLSTATE classes and codes that no retry will fix.
+_PERMANENT_STATES = ("28", "3D", "42", "0A", "22", "23")
+#: Server messages of a connection attempt that no retry will fix (psycopg reports them
+#: without a SQLSTATE).
+_PERMANENT_TEXT = (
+    "password authentication failed", "does not exist", "no pg_hba.conf entry",
+    "permission denied", "authentication failed", "SSL is not enabled",
+    "invalid dsn", "invalid connection option", "missing \"=\"",
+)
+_SCHEMA_LOCK = 1397311816  # advisory lock key: one schema creation at a time
+
+
+def import_psycopg() -> Any:
+    """psycopg, or an ``ImportError`` that says how to install it."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ImportError(
+            "the Postgres backend needs psycopg 3: pip install 'signal-leases[postgres]'"
+        ) from exc
+    return psycopg
+
+
+def _safe_dsn(dsn: str) -> str:
+    """``dsn`` without its password (for messages)."""
+    text = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)\S+", r"\1***", text)
+
+
+class PostgresDatabase(Database):
+    """A PostgreSQL database (see the module docstring).
+
+    ``dsn``: a libpq connection string or URL. ``schema``: where the tables live (default
+    ``signal_leases``; lowercase letters, digits and ``_``). ``max_connections``: the pool of
+    this process (opened on demand, kept while idle). ``timeout_s``: see the module docstring.
+    """
+
+    param = "%s"
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, *, schema: str = "signal_leases", max_connections: int = 4,
+                 timeout_s: float = 10.0) -> None:
+        if not isinstance(dsn, str) or not dsn.strip():
+            raise TypeError(f"dsn must be a PostgreSQL connection string, got {dsn!r}")
+        if not isinstance(schema, str) or not _SCHEMA.match(schema):
+            raise ValueError(f"schema must be lowercase letters, digits and '_' (at most 63, "
+                             f"not starting with a digit), got {schema!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or \
+                not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        super().__init__(max_connections=check_int("max_connections", max_connections))
+        self._psycopg = import_psycopg()
+        self.dsn = dsn
+        self.schema = schema
+        self.timeout_s = float(timeout_s)
+        self._namespace_made = False
+        self._namespace_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return f"Postgres {_safe_dsn(self.dsn)!r} (schema {self.schema!r})"
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        """What :meth:`connect` passes to ``psycopg.connect`` besides the DSN (the listener of
+        ``PostgresPubSub`` uses it too)."""
+        ms = int(self.timeout_s * 1000)
+        return {
+            "autocommit": True,  # transactions are begun explicitly (see begin)
+            "connect_timeout": max(1, round(self.timeout_s)),
+            "tcp_user_timeout": ms,
+            "application_name": "signal-leases",
+            "keepalives": 1,  # an idle connection (the listener's) notices a dead peer too
+            "keepalives_idle": max(1, round(self.timeout_s / 2)),
+            "keepalives_interval": max(1, round(self.timeout_s / 6)),
+            "keepalives_count": 3,
+            "options": f"-c search_path={self.schema} -c statement_timeout={ms}",
+        }
+
+    def connect(self) -> Any:
+        conn = self._psycopg.connect(self.dsn, **self.connection_kwargs())
+        try:
+            if not self._namespace_made:
+                with self._namespace_lock:
+                    if not self._namespace_made:
+                        self._make_schema(conn)
+                        self._namespace_made = True
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _make_schema(self, conn: Any) -> None:
+        with conn.cursor() as cur:
+            cur.execute("BEGIN")
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE SCHEMA "{self.schema}"')  # checked identifier
+            conn.commit()
+
+    def begin(self, cursor: Any, write: bool) -> tuple[int, float]:
+        cursor.execute("BEGIN; SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+        cursor.nextset()
+        now_ms = int(cursor.fetchone()[0])
+        return now_ms, now_ms / 1000
+
+    def lock_schemas(self, tx: Tx) -> None:
+        tx.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))
+
+    def healthy(self, conn: Any) -> bool:
+        return not conn.closed and not conn.broken
+
+    def map_error(self, exc: Exception, what: str) -> BackendError | None:
+        if isinstance(exc, BackendError):
+            return exc
+        psycopg = self._psycopg
+        if not isinstance(exc, psycopg.Error):
+            return None
+        text = " ".join(str(exc).split())
+        state = getattr(exc, "sqlstate", None) or ""
+        where = f"{self.name} during {what}"
+        errors = psycopg.errors
+        if isinstance(exc, errors.SerializationFailure | errors.DeadlockDetected |
+                      errors.LockNotAvailable | errors.QueryCanceled |
+                      errors.AdminShutdown | errors.CannotConnectNow):
+            return BackendUnavailableError(f"{where}: {text}")
+        if state.startswith(_PERMANENT_STATES) or (
+            isinstance(exc, psycopg.OperationalError) and not state
+            and any(t in text for t in _PERMANENT_TEXT)
+            and "Connection refused" not in text and "timeout" not in text
+        ):
+            return BackendPermanentError(f"{where}: {text}")
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return BackendUnavailableError(f"{where}: {text}")
+        return BackendPermanentError(f"{where}: {text}")

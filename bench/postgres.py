@@ -1,0 +1,253 @@
+"""The Postgres backend against a raw psycopg hand-off, side by side in one run.
+
+* **Throughput across two processes**: a sender process sends ``--signals`` signals to one
+  thread that a worker process owns (each routed: stored, the owner woken, handed to the agent,
+  acknowledged), vs raw psycopg doing the same hand-off on the same server: one process
+  INSERTs a row and NOTIFYs in one transaction per signal; the other LISTENs and, on each
+  notification, SELECTs the oldest row and DELETEs it in one transaction. Rates are signals
+  handed over per second, first send to last hand-off, in interleaved rounds.
+* **Latency**: send -> agent across processes, one signal every 20 ms (p50, p99).
+* **Idle cost**: one process holding ``--threads`` active threads (each run waiting for its
+  next signal), SQL statements per second over a quiet window, counted on every connection of
+  that process (client side), and the setup time; for each K in ``--ks``.
+
+    python bench/postgres.py [--dsn DSN] [--rounds 3] [--signals 300] [--ks 1000,10000]
+
+Without ``--dsn`` it starts its own PostgreSQL (Debian's binaries, as the soak does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import anyio
+import psycopg
+
+from pubsub import PostgresPubSub
+from signals import Run, Signal, SignalRuntime
+
+HERE = Path(__file__).resolve()
+
+
+# -- the child processes ----------------------------------------------------------------------
+
+
+def raw_consumer(dsn: str, table: str, n: int) -> None:
+    """LISTEN; on each notification take rows (SELECT the oldest + DELETE, committed) until
+    none is left; stop after ``n`` rows."""
+    listen = psycopg.connect(dsn, autocommit=True)
+    listen.execute(f"LISTEN {table}")
+    work = psycopg.connect(dsn)
+    print("ready", flush=True)
+    taken = 0
+    while taken < n:
+        with work.cursor() as cur:
+            cur.execute(f"DELETE FROM {table} WHERE id = (SELECT id FROM {table} ORDER BY id "
+                        f"LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING body")
+            row = cur.fetchone()
+        work.commit()
+        if row is not None:
+            taken += 1
+            continue
+        for _ in listen.notifies(timeout=0.05, stop_after=1):
+            pass
+    print(f"done {time.time()}", flush=True)
+
+
+async def worker(dsn: str, schema: str, n: int, mode: str) -> None:
+    """Own thread ``bench`` and hand its signals to an agent; print when ``n`` were acked."""
+    seen = 0
+    lat: list[float] = []
+    done = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        nonlocal seen
+        async for signal in run:
+            if signal.type == "bench":
+                lat.append(time.time() - float(signal.payload))
+                seen += 1
+            await run.ack(signal)
+            if seen >= n:
+                done.set()
+
+    async with PostgresPubSub(dsn, schema=schema) as ps, SignalRuntime(
+        pubsub=ps, agent=agent, idle_wait_ms=600_000, shutdown_timeout_ms=0
+    ) as rt:
+        await rt.send("bench", Signal("0", type="warm"))
+        print("ready", flush=True)
+        await done.wait()
+        print(json.dumps({"done": time.time(), "lat": lat if mode == "latency" else []}),
+              flush=True)
+
+
+# -- the parent -------------------------------------------------------------------------------
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(HERE), *args], stdout=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_ready(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if line != "ready":
+        raise SystemExit(f"child failed to start: {line!r}")
+
+
+def raw_round(dsn: str, n: int) -> float:
+    table = f"q_{uuid.uuid4().hex[:8]}"
+    conn = psycopg.connect(dsn)
+    conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, body TEXT)")
+    conn.commit()
+    child = _spawn("raw-consumer", dsn, table, str(n))
+    _wait_ready(child)
+    start = time.time()
+    for i in range(n):
+        conn.execute(f"INSERT INTO {table} (body) VALUES (%s)", (json.dumps({"i": i}),))
+        conn.execute(f"NOTIFY {table}")
+        conn.commit()
+    assert child.stdout is not None
+    line = child.stdout.readline().split()
+    child.wait()
+    conn.execute(f"DROP TABLE {table}")
+    conn.commit()
+    conn.close()
+    return n / (float(line[1]) - start)
+
+
+async def routed_round(dsn: str, n: int, gap: float = 0.0, mode: str = "rate"
+                       ) -> dict[str, Any]:
+    schema = f"b_{uuid.uuid4().hex[:8]}"
+    child = _spawn("worker", dsn, schema, str(n), mode)
+    await anyio.to_thread.run_sync(_wait_ready, child)
+    async with PostgresPubSub(dsn, schema=schema) as ps, SignalRuntime(pubsub=ps,
+                                                                      agent=None) as sender:
+        start = time.time()
+        for _ in range(n):
+            await sender.send("bench", Signal(repr(time.time()), type="bench"))
+            if gap:
+                await anyio.sleep(gap)
+    assert child.stdout is not None
+    result = json.loads(await anyio.to_thread.run_sync(child.stdout.readline))
+    child.wait()
+    return {"rate": n / (result["done"] - start), "lat": result["lat"]}
+
+
+async def idle_cost(dsn: str, threads: int, window_s: float) -> dict[str, Any]:
+    """Statements per second of one process holding ``threads`` active threads."""
+    count = [0]
+    execute = psycopg.Cursor.execute
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return execute(self, *args, **kwargs)
+
+    psycopg.Cursor.execute = counting  # type: ignore[method-assign]
+    release = anyio.Event()
+    started = 0
+
+    async def agent(run: Run) -> None:
+        nonlocal started
+        started += 1
+        async for signal in run:
+            await run.ack(signal)
+            await release.wait()
+
+    try:
+        async with PostgresPubSub(dsn, schema=f"i_{uuid.uuid4().hex[:8]}",
+                                  max_connections=8) as ps, \
+                SignalRuntime(pubsub=ps, agent=agent, idle_wait_ms=600_000) as rt:
+            t0 = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                for part in range(8):  # eight senders: setup is bounded by round trips
+                    async def send_some(part: int = part) -> None:
+                        for n in range(part, threads, 8):
+                            await rt.send(f"t{n}", n)
+                    tg.start_soon(send_some)
+            while started < threads:  # noqa: ASYNC110 (a counter)
+                await anyio.sleep(0.05)
+            setup = time.monotonic() - t0
+            await anyio.sleep(2.0)
+            before = count[0]
+            await anyio.sleep(window_s)
+            rate = (count[0] - before) / window_s
+            release.set()
+    finally:
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    return {"threads": threads, "setup_s": setup, "statements_per_s": rate}
+
+
+async def main(args: argparse.Namespace, dsn: str) -> None:
+    logging.disable(logging.CRITICAL)
+    raw: list[float] = []
+    ours: list[float] = []
+    for r in range(args.rounds):
+        order = ("raw", "ours") if r % 2 == 0 else ("ours", "raw")
+        for which in order:
+            if which == "raw":
+                raw.append(await anyio.to_thread.run_sync(raw_round, dsn, args.signals))
+            else:
+                ours.append((await routed_round(dsn, args.signals))["rate"])
+    lat = (await routed_round(dsn, args.latency_signals, gap=0.02, mode="latency"))["lat"]
+    lat_ms = sorted(x * 1000 for x in lat)
+    r_raw, r_ours = statistics.median(raw), statistics.median(ours)
+    print(f"throughput, one thread across two processes ({args.signals} signals, "
+          f"{args.rounds} rounds, medians):")
+    print(f"  raw psycopg INSERT + NOTIFY -> LISTEN -> SELECT + DELETE: {r_raw:8.0f}/s  "
+          f"(rounds {[round(x) for x in raw]})")
+    print(f"  routed signals (PostgresPubSub):                        {r_ours:8.0f}/s  "
+          f"(rounds {[round(x) for x in ours]})")
+    print(f"  ratio ours/raw: x{r_ours / r_raw:.2f}  (goal >= 0.5)")
+    print(f"latency send -> agent across processes ({len(lat_ms)} signals, 20 ms apart): "
+          f"p50 {statistics.median(lat_ms):.2f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99) - 1]:.2f} "
+          f"ms (goal p50 <= 5 ms)")
+    for k in (int(x) for x in args.ks.split(",")):
+        idle = await idle_cost(dsn, k, args.window)
+        print(f"idle cost: {k} active threads in one process: "
+              f"{idle['statements_per_s']:.1f} statements/s (goal <= ~20 at 1,000); setup "
+              f"{idle['setup_s']:.1f} s")
+
+
+async def run(args: argparse.Namespace) -> None:
+    if args.dsn:
+        await main(args, args.dsn)
+        return
+    from signals.soak.postgres_server import OwnPostgres, postgres_bin_dir
+
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        raise SystemExit("PostgreSQL is not installed (apt-get install -y postgresql); or --dsn")
+    server = OwnPostgres(bin_dir)
+    await server.start()
+    try:
+        await main(args, server.url)
+    finally:
+        await server.stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "raw-consumer":
+        raw_consumer(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "worker":
+        anyio.run(worker, sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    else:
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("--dsn", default=None)
+        parser.add_argument("--rounds", type=int, default=3)
+        parser.add_argument("--signals", type=int, default=300)
+        parser.add_argument("--latency-signals", type=int, default=200)
+        parser.add_argument("--ks", default="1000,10000")
+        parser.add_argument("--window", type=float, default=10.0)
+        anyio.run(run, parser.parse_args())

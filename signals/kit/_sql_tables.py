@@ -1,0 +1,293 @@
+"""The SQL tables of :class:`~signals.kit.SQLCore`: the schema (:func:`ddl`) and
+:class:`SQLTables`, the engine's ``Tables`` over one transaction, whose every method is one
+indexed statement: no table scan on a hot path (each query names the thread, or reads an index
+by its first column). On Postgres every call that changes a thread first takes a
+transaction-scoped advisory lock on the thread key, so calls on one thread are serial (calls on
+different threads are not); on SQLite the write transaction holds the database.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import _signal_leases.sql.leases as sql_leases
+from _signal_leases.sql import Tx
+from signals.kit._capabilities import PartIn
+from signals.kit._tables import EntryRow, LeaseAccess, ReceiptRow, ThreadRow
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["COMPONENT", "DAY_MS", "VERSION", "SQLTables", "ddl"]
+
+T = TypeVar("T")
+COMPONENT, VERSION = "signals", 1
+DAY_MS = 86_400_000
+
+_E = ("thread, seq, sid, body, mode, prio, lane, merge, state, due, nb, expires, holder, "
+      "attempts, error")
+_R = "thread, sid, status, accepted, at, run, result, error, by_sid, body, mode, attempts"
+_T = "key, seq, pending, paused, token, run, since, last, look, abort, lanes"
+
+
+def ddl(dialect: str) -> list[str]:
+    """The signal tables in ``dialect`` (``sqlite`` or ``postgres``)."""
+    big = "BIGINT" if dialect == "postgres" else "INTEGER"
+    real = "DOUBLE PRECISION" if dialect == "postgres" else "REAL"
+    return [
+        f"CREATE TABLE sig_threads (key TEXT PRIMARY KEY, seq {big} NOT NULL, pending {big} "
+        f"NOT NULL, paused INTEGER NOT NULL, token {big}, run TEXT, since {real}, last {real}, "
+        f"look {real}, abort TEXT, lanes TEXT, pseq {big} NOT NULL DEFAULT 0, ptrim {big} "
+        f"NOT NULL DEFAULT 0, receipts {big} NOT NULL DEFAULT 0)",
+        "CREATE INDEX sig_threads_look ON sig_threads (look) WHERE look IS NOT NULL",
+        f"CREATE TABLE sig_entries (thread TEXT NOT NULL, seq {big} NOT NULL, sid TEXT NOT "
+        f"NULL, body TEXT NOT NULL, mode TEXT NOT NULL, prio INTEGER NOT NULL, lane TEXT, "
+        f"merge TEXT NOT NULL, state TEXT NOT NULL, due {real}, nb {real}, expires {real}, "
+        f"holder TEXT, attempts INTEGER NOT NULL, error TEXT, PRIMARY KEY (thread, seq))",
+        "CREATE UNIQUE INDEX sig_entries_sid ON sig_entries (thread, sid)",
+        "CREATE INDEX sig_entries_ready ON sig_entries (thread, state, prio DESC, seq)",
+        "CREATE INDEX sig_entries_due ON sig_entries (thread, due) WHERE state = 'later'",
+        "CREATE INDEX sig_entries_expires ON sig_entries (thread, expires) "
+        "WHERE expires IS NOT NULL",
+        "CREATE INDEX sig_entries_lane ON sig_entries (thread, lane, seq) WHERE lane IS NOT NULL",
+        f"CREATE TABLE sig_receipts (thread TEXT NOT NULL, sid TEXT NOT NULL, status TEXT NOT "
+        f"NULL, accepted {real} NOT NULL, at {real}, run TEXT, result TEXT, error TEXT, by_sid "
+        f"TEXT, body TEXT, mode TEXT, attempts INTEGER NOT NULL, PRIMARY KEY (thread, sid))",
+        "CREATE INDEX sig_receipts_accepted ON sig_receipts (thread, accepted)",
+        "CREATE INDEX sig_receipts_dead ON sig_receipts (thread, at) "
+        "WHERE status = 'dead_lettered' AND body IS NOT NULL",
+        f"CREATE TABLE sig_parts (thread TEXT NOT NULL, n {big} NOT NULL, kind TEXT NOT NULL, "
+        f"run TEXT, sid TEXT, data TEXT, at {real} NOT NULL, PRIMARY KEY (thread, n))",
+    ]
+
+
+class _Leases:
+    """The engine's view of the lease tables of the same database (``_signal_leases.sql``)."""
+
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+
+    def live(self, key: str) -> tuple[str, int | None, str | None] | None:
+        found = sql_leases.live(self._tx, key)
+        return None if found is None else (found.owner, found.token, found.session)
+
+    def grant(self, key: str, owner: str, ttl_ms: int, session: str | None) -> int | None:
+        sql_leases.lock(self._tx, key)
+        if sql_leases.live(self._tx, key) is not None:
+            return None
+        if session is not None and not sql_leases.session_live(self._tx, session):
+            return None
+        return sql_leases.grant(self._tx, key, owner, ttl_ms, session)
+
+    def release(self, key: str, owner: str) -> None:
+        sql_leases.release(self._tx, key, owner)
+
+    def left_ms(self, key: str) -> int | None:
+        found = sql_leases.info(self._tx, key)
+        return None if found is None else found[2]
+
+
+def _thread(row: tuple[Any, ...]) -> ThreadRow:
+    key, seq, pending, paused, token, run, since, last, look, abort, lanes = row
+    return ThreadRow(key, int(seq), int(pending), bool(paused), token, run, since, last, look,
+                     abort, json.loads(lanes) if lanes else {})
+
+
+def _entry(r: tuple[Any, ...]) -> EntryRow:
+    return EntryRow(r[0], int(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], r[8], r[9], r[10],
+                    r[11], r[12], int(r[13]), r[14])
+
+
+def _receipt(r: tuple[Any, ...]) -> ReceiptRow:
+    return ReceiptRow(r[0], r[1], r[2], float(r[3]), r[4], r[5], r[6], r[7], r[8], r[9], r[10],
+                      int(r[11]))
+
+
+class SQLTables:
+    """The engine's driver over SQL (see the module docstring), inside one transaction."""
+
+    def __init__(self, tx: Tx, *, fused: bool, stream_max_parts: int,
+                 stream_retention_s: float) -> None:
+        self._tx = self.tx = tx
+        self.now = tx.wall
+        self.streams = True
+        self.leases: LeaseAccess | None = _Leases(tx) if fused else None
+        self._max_parts = stream_max_parts
+        self._retention_s = stream_retention_s
+        self._locked: set[str] = set()
+
+    def _lock(self, key: str) -> None:
+        if self._tx.dialect == "postgres" and key not in self._locked:
+            self._tx.execute("SELECT pg_advisory_xact_lock(1397311815, hashtext(?))", (key,))
+            self._locked.add(key)
+
+    # -- threads ----------------------------------------------------------------------------
+
+    def thread(self, key: str) -> ThreadRow | None:
+        self._lock(key)
+        row = self._tx.one(f"SELECT {_T} FROM sig_threads WHERE key = ?", (key,))
+        return None if row is None else _thread(row)
+
+    def save_thread(self, r: ThreadRow) -> None:
+        self._tx.execute(
+            f"INSERT INTO sig_threads ({_T}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, pending = excluded.pending, "
+            "paused = excluded.paused, token = excluded.token, run = excluded.run, "
+            "since = excluded.since, last = excluded.last, look = excluded.look, "
+            "abort = excluded.abort, lanes = excluded.lanes",
+            (r.key, r.seq, r.pending, int(r.paused), r.token, r.run, r.since, r.last, r.look,
+             r.abort, r.lanes_json() or None),
+        )
+
+    # -- entries ----------------------------------------------------------------------------
+
+    def insert(self, e: EntryRow) -> None:
+        self._tx.execute(
+            f"INSERT INTO sig_entries ({_E}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (e.thread, e.seq, e.sid, e.body, e.mode, e.prio, e.lane, e.merge, e.state, e.due,
+             e.nb, e.expires, e.holder, e.attempts, e.error),
+        )
+
+    def update(self, e: EntryRow) -> None:
+        self._tx.execute(
+            "UPDATE sig_entries SET state = ?, due = ?, holder = ?, attempts = ?, error = ? "
+            "WHERE thread = ? AND seq = ?",
+            (e.state, e.due, e.holder, e.attempts, e.error, e.thread, e.seq),
+        )
+
+    def delete(self, key: str, seqs: Sequence[int]) -> None:
+        self._tx.many("DELETE FROM sig_entries WHERE thread = ? AND seq = ?",
+                      [(key, s) for s in seqs])
+
+    def _rows(self, where: str, params: Sequence[Any], tail: str = "") -> list[EntryRow]:
+        return [_entry(r) for r in self._tx.all(
+            f"SELECT {_E} FROM sig_entries WHERE thread = ? AND {where} {tail}", params)]
+
+    def by_signal(self, key: str, sid: str) -> EntryRow | None:
+        rows = self._rows("sid = ?", (key, sid))
+        return rows[0] if rows else None
+
+    def best(self, key: str, run: str | None) -> EntryRow | None:
+        rows = self._rows("state = 'ready'", (key,), "ORDER BY prio DESC, seq LIMIT 1")
+        if run is not None:
+            rows += self._rows("state = 'carried' AND holder = ?", (key, run),
+                               "ORDER BY prio DESC, seq LIMIT 1")
+        return min(rows, key=lambda e: (-e.prio, e.seq), default=None)
+
+    def lane(self, key: str, lane: str) -> list[EntryRow]:
+        return self._rows("lane = ?", (key, lane), "ORDER BY seq")
+
+    def lane_open(self, key: str, lane: str) -> bool:
+        return self._tx.value(
+            "SELECT 1 FROM sig_entries WHERE thread = ? AND lane = ? AND state IN ('ready', "
+            "'later') LIMIT 1", (key, lane)) is not None
+
+    def ripe(self, key: str, until: float) -> list[EntryRow]:
+        return self._rows("state = 'later' AND due <= ?", (key, until))
+
+    def expired(self, key: str, now: float) -> list[EntryRow]:
+        return self._rows("expires IS NOT NULL AND expires <= ? AND state <> 'held'", (key, now))
+
+    def held_by_others(self, key: str, run: str) -> list[EntryRow]:
+        return self._rows("state IN ('held', 'carried') AND holder <> ?", (key, run))
+
+    def rows(self, key: str, limit: int, offset: int) -> list[EntryRow]:
+        return self._rows("1 = 1", (key, limit, offset), "ORDER BY prio DESC, seq LIMIT ? OFFSET ?")
+
+    def droppable(self, key: str) -> EntryRow | None:
+        rows = self._rows("state IN ('ready', 'later')", (key,), "ORDER BY prio, seq LIMIT 1")
+        return rows[0] if rows else None
+
+    def next_due(self, key: str) -> float | None:
+        found = self._tx.value(
+            "SELECT due FROM sig_entries WHERE thread = ? AND state = 'later' ORDER BY due "
+            "LIMIT 1", (key,))
+        return None if found is None else float(found)
+
+    # -- receipts ---------------------------------------------------------------------------
+
+    def receipt(self, key: str, sid: str) -> ReceiptRow | None:
+        row = self._tx.one(f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?",
+                           (key, sid))
+        return None if row is None else _receipt(row)
+
+    def put_receipt(self, r: ReceiptRow) -> None:
+        added = self._tx.execute(
+            f"INSERT INTO sig_receipts ({_R}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (thread, sid) DO NOTHING",
+            (r.thread, r.sid, r.status, r.accepted, r.at, r.run, r.result, r.error, r.by,
+             r.body, r.mode, r.attempts),
+        )
+        if added:
+            self._tx.execute("UPDATE sig_threads SET receipts = receipts + 1 WHERE key = ?",
+                             (r.thread,))
+            return
+        self._tx.execute(
+            "UPDATE sig_receipts SET status = ?, at = ?, run = ?, result = ?, error = ?, "
+            "by_sid = ?, body = ?, mode = ?, attempts = ? WHERE thread = ? AND sid = ?",
+            (r.status, r.at, r.run, r.result, r.error, r.by, r.body, r.mode, r.attempts,
+             r.thread, r.sid),
+        )
+
+    def trim_receipts(self, key: str, before: float, keep: int) -> None:
+        count = self._tx.value("SELECT receipts FROM sig_threads WHERE key = ?", (key,))
+        old = self._tx.all(
+            "SELECT sid FROM sig_receipts WHERE thread = ? AND accepted < ? ORDER BY accepted "
+            "LIMIT 100", (key, before))
+        over = max(0, int(count or 0) - len(old) - keep + 1)
+        if over:
+            old += self._tx.all(
+                "SELECT sid FROM sig_receipts WHERE thread = ? AND accepted >= ? ORDER BY "
+                "accepted LIMIT ?", (key, before, min(over, 100)))
+        if old:
+            self._tx.many("DELETE FROM sig_receipts WHERE thread = ? AND sid = ?",
+                          [(key, r[0]) for r in old])
+            self._tx.execute("UPDATE sig_threads SET receipts = receipts - ? WHERE key = ?",
+                             (len(old), key))
+
+    def dead(self, key: str, limit: int) -> list[ReceiptRow]:
+        return [_receipt(r) for r in self._tx.all(
+            f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND status = 'dead_lettered' "
+            "AND body IS NOT NULL ORDER BY at LIMIT ?", (key, limit))]
+
+    # -- the pending index ------------------------------------------------------------------
+
+    def due_threads(self, until: float, limit: int) -> list[str]:
+        if self.leases is None:
+            return [r[0] for r in self._tx.all(
+                "SELECT key FROM sig_threads WHERE look IS NOT NULL AND look <= ? AND paused = 0 "
+                "ORDER BY look LIMIT ?", (until, limit))]
+        return [r[0] for r in self._tx.all(
+            "SELECT t.key FROM sig_threads AS t WHERE t.look IS NOT NULL AND t.look <= ? AND "
+            "t.paused = 0 AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.key = t.key AND "
+            f"{sql_leases.LIVE}) ORDER BY t.look LIMIT ?", (until, self._tx.now_ms, limit))]
+
+    def next_look(self, after: float) -> float | None:
+        found = self._tx.value(
+            "SELECT look FROM sig_threads WHERE look IS NOT NULL AND look > ? AND paused = 0 "
+            "ORDER BY look LIMIT 1", (after,))
+        return None if found is None else float(found)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def add_part(self, key: str, part: PartIn) -> str:
+        tx = self._tx
+        tx.execute(
+            "INSERT INTO sig_threads (key, seq, pending, paused, pseq) VALUES (?, 0, 0, 0, 1) "
+            "ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1", (key,))
+        n = int(tx.value("SELECT pseq FROM sig_threads WHERE key = ?", (key,)))
+        tx.execute("INSERT INTO sig_parts (thread, n, kind, run, sid, data, at) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (key, n, part.kind, part.run_id or None, part.signal_id, part.data, self.now))
+        horizon = self.now - self._retention_s
+        gone = tx.value("SELECT MAX(n) FROM sig_parts WHERE thread = ? AND (n <= ? OR at < ?)",
+                        (key, n - self._max_parts, horizon))
+        if gone is not None:
+            tx.execute("DELETE FROM sig_parts WHERE thread = ? AND n <= ?", (key, gone))
+            tx.execute("UPDATE sig_threads SET ptrim = ? WHERE key = ? AND ptrim < ?",
+                       (gone, key, gone))
+        return str(n)
+
+

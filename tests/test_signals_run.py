@@ -1,0 +1,43 @@
+"""``Run`` on its own, over a real in-memory core: orders of events the runtime cannot force."""
+
+from __future__ import annotations
+
+import pytest
+
+from leases import InMemoryLeaseProvider
+from pubsub import InMemoryPubSub
+from signals import InMemorySignalStore, Signal
+from signals._run import Doorbell, Run
+from signals.kit import Claim, InboxEntry, KitStore
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_carried_signal_is_handed_out_once_whether_take_or_notice_comes_first() -> None:
+    """The core hands a signal carried to a run to that run's next take, and the notice that
+    carries it may arrive after that take (Redis delivers notices on another connection): the
+    run hands it out once."""
+    leases = InMemoryLeaseProvider()
+    core = InMemorySignalStore(leases=leases)
+    async with InMemoryPubSub() as pubsub:
+        kit = KitStore(core, leases, pubsub, prefix="signals", runtime_id="rt-a",
+                       heartbeat=None, new_run_id=lambda: "rt-a/1")
+        first = await core.route("t", Signal("a", id="a"), "deliver",
+                                 claim=Claim("rt-a/1", 60_000, None, "rt-a"), sender="rt-x",
+                                 wake_workers=False)
+        assert first.claimed
+        run = Run(run_id="rt-a/1", thread_key="t", token=first.token, store=kit,
+                  doorbell=Doorbell(), idle_wait_s=0, max_attempts=5, max_bytes=1 << 20)
+        a = await run.next_signal(timeout=0)
+        assert a is not None and a.id == "a"
+        await run.ack(a)
+        signal = Signal("b", id="b")
+        routed = await core.route("t", signal, "deliver", claim=None, sender="rt-x",
+                                  wake_workers=False)
+        assert routed.carried and routed.owner == "rt-a/1"
+        entry = InboxEntry(routed.accepted.entry_id or "", signal.evolve(attempt=1), "deliver",
+                           1, len(signal.encode()), "carried", "rt-a/1")
+        await run._take()  # the take comes first and returns the carried entry
+        run.offer(entry)  # then the notice that carried it
+        handed = [await run.next_signal(timeout=0), await run.next_signal(timeout=0)]
+        assert [s.id if s else None for s in handed] == ["b", None]
