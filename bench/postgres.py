@@ -22,7 +22,6 @@ import argparse
 import json
 import logging
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -34,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 import psycopg
 
+from bench._handoff import routed_round as handoff_round
+from bench._handoff import serve_worker, spawn, wait_ready
 from pubsub import PostgresPubSub
-from signals import Run, Signal, SignalRuntime
+from signals import Run, SignalRuntime
 
 HERE = Path(__file__).resolve()
 
@@ -66,44 +67,11 @@ def raw_consumer(dsn: str, table: str, n: int) -> None:
 
 
 async def worker(dsn: str, schema: str, n: int, mode: str) -> None:
-    """Own thread ``bench`` and hand its signals to an agent; print when ``n`` were acked."""
-    seen = 0
-    lat: list[float] = []
-    done = anyio.Event()
-
-    async def agent(run: Run) -> None:
-        nonlocal seen
-        async for signal in run:
-            if signal.type == "bench":
-                lat.append(time.time() - float(signal.payload))
-                seen += 1
-            await run.ack(signal)
-            if seen >= n:
-                done.set()
-
-    async with PostgresPubSub(dsn, schema=schema) as ps, SignalRuntime(
-        pubsub=ps, agent=agent, idle_wait_ms=600_000, shutdown_timeout_ms=0
-    ) as rt:
-        await rt.send("bench", Signal("0", type="warm"))
-        print("ready", flush=True)
-        await done.wait()
-        print(json.dumps({"done": time.time(), "lat": lat if mode == "latency" else []}),
-              flush=True)
+    """Own thread ``bench`` and hand its signals to an agent (bench/_handoff.py)."""
+    await serve_worker(PostgresPubSub(dsn, schema=schema), n, mode)
 
 
 # -- the parent -------------------------------------------------------------------------------
-
-
-def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(HERE), *args], stdout=subprocess.PIPE,
-                            text=True)
-
-
-def _wait_ready(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if line != "ready":
-        raise SystemExit(f"child failed to start: {line!r}")
 
 
 def raw_round(dsn: str, n: int) -> float:
@@ -111,8 +79,8 @@ def raw_round(dsn: str, n: int) -> float:
     conn = psycopg.connect(dsn)
     conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, body TEXT)")
     conn.commit()
-    child = _spawn("raw-consumer", dsn, table, str(n))
-    _wait_ready(child)
+    child = spawn(HERE, "raw-consumer", dsn, table, str(n))
+    wait_ready(child)
     start = time.time()
     for i in range(n):
         conn.execute(f"INSERT INTO {table} (body) VALUES (%s)", (json.dumps({"i": i}),))
@@ -130,19 +98,8 @@ def raw_round(dsn: str, n: int) -> float:
 async def routed_round(dsn: str, n: int, gap: float = 0.0, mode: str = "rate"
                        ) -> dict[str, Any]:
     schema = f"b_{uuid.uuid4().hex[:8]}"
-    child = _spawn("worker", dsn, schema, str(n), mode)
-    await anyio.to_thread.run_sync(_wait_ready, child)
-    async with PostgresPubSub(dsn, schema=schema) as ps, SignalRuntime(pubsub=ps,
-                                                                      agent=None) as sender:
-        start = time.time()
-        for _ in range(n):
-            await sender.send("bench", Signal(repr(time.time()), type="bench"))
-            if gap:
-                await anyio.sleep(gap)
-    assert child.stdout is not None
-    result = json.loads(await anyio.to_thread.run_sync(child.stdout.readline))
-    child.wait()
-    return {"rate": n / (result["done"] - start), "lat": result["lat"]}
+    child = spawn(HERE, "worker", dsn, schema, str(n), mode)
+    return await handoff_round(child, lambda: PostgresPubSub(dsn, schema=schema), n, gap)
 
 
 async def idle_cost(dsn: str, threads: int, window_s: float) -> dict[str, Any]:

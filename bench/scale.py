@@ -11,6 +11,9 @@ Parts (each prints its figures; all against the same redis-server, started here 
 * ``leases``: ``--leases`` (default 20,000) leases held by one ``LeaseHeartbeat`` for
   ``--hold-s`` seconds, with a session (one command per renewal) and in batch mode (one
   script per 1,000 leases): leases lost, Redis commands/s and Redis CPU.
+* ``timers``: 10,000 delayed signals (due in an hour, over 1,000 threads) and 100 schedules
+  (every hour) held by one worker runtime: idle Redis commands/s over ``--hold-s`` (the goal
+  of docs/time.md: no timer per signal, thread or schedule; at most ~10 commands/s).
 * ``latency``: send -> the agent sees the signal, from a sender-only runtime to a worker that
   owns the thread, with K = 10 and K = 10,000 active threads in the worker; side by side with
   a raw XADD -> XREAD BLOCK on the same server.
@@ -220,6 +223,28 @@ async def latency_part(url: str, k: int, samples: int) -> dict[str, Any]:
             "raw_p99": pct(raw, 0.99), "n": len(lat)}
 
 
+async def timers_part(url: str, hold_s: float, delayed: int = 10_000,
+                      schedules: int = 100) -> dict[str, Any]:
+    stats = RedisStats(url)
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            await run.ack(signal)
+
+    async with RedisStreamsPubSub(url=url, key_prefix=f"bench-{uuid.uuid4().hex[:8]}") as ps, \
+            SignalRuntime(pubsub=ps, agent=agent) as runtime:
+        t0 = time.monotonic()
+        for n in range(delayed):
+            await runtime.send(f"t{n % 1000}", n, delay_ms=3_600_000)
+        for n in range(schedules):
+            await runtime.schedule(f"s{n}", f"t{n}", n, every_ms=3_600_000)
+        setup_s = time.monotonic() - t0
+        await anyio.sleep(2.0)
+        rate, cpu = await stats.window(hold_s)
+    await stats.client.aclose()
+    return {"setup_s": setup_s, "cmds_per_s": rate, "redis_cpu_pct": cpu}
+
+
 async def main(args: argparse.Namespace, url: str) -> None:
     parts = set(args.parts.split(","))
     if parts & {"all", "threads"}:
@@ -240,6 +265,11 @@ async def main(args: argparse.Namespace, url: str) -> None:
             print(f"  {r['mode']:>8}: held {r['held']}, lost {r['lost']}, "
                   f"setup {r['setup_s']:.1f} s, {r['cmds_per_s']:.1f} Redis cmds/s, "
                   f"Redis CPU {r['redis_cpu_pct']:.1f}%")
+    if parts & {"all", "timers"}:
+        r = await timers_part(url, args.hold_s)
+        print(f"\ntimers: 10,000 delayed signals and 100 schedules in one worker: setup "
+              f"{r['setup_s']:.1f} s, idle {r['cmds_per_s']:.1f} Redis cmds/s, Redis CPU "
+              f"{r['redis_cpu_pct']:.1f}%")
     if parts & {"all", "latency"}:
         print("\nlatency: sender-only runtime -> worker's agent, vs raw XADD -> XREAD BLOCK")
         for k in (10, 10_000):
@@ -257,7 +287,8 @@ def cli() -> None:
     parser.add_argument("--hold-s", type=float, default=60.0)
     parser.add_argument("--leases", type=int, default=20_000)
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--parts", default="all", help="all, or any of threads,leases,latency")
+    parser.add_argument("--parts", default="all",
+                        help="all, or any of threads,leases,timers,latency")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with redis_url(args.redis_url) as url:

@@ -25,7 +25,6 @@ import os
 import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,8 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio
 
+from bench._handoff import routed_round as handoff_round
+from bench._handoff import serve_worker, spawn, wait_ready
 from pubsub import SQLitePubSub
-from signals import Run, Signal, SignalRuntime
+from signals import Run, SignalRuntime
 
 HERE = Path(__file__).resolve()
 
@@ -70,44 +71,11 @@ def raw_consumer(db: str, sock_path: str, n: int) -> None:
 
 
 async def worker(db: str, n: int, mode: str) -> None:
-    """Own thread ``bench`` and hand its signals to an agent; print when ``n`` were acked."""
-    seen = 0
-    lat: list[float] = []
-    done = anyio.Event()
-
-    async def agent(run: Run) -> None:
-        nonlocal seen
-        async for signal in run:
-            if signal.type == "bench":
-                lat.append(time.time() - float(signal.payload))
-                seen += 1
-            await run.ack(signal)
-            if seen >= n:
-                done.set()
-
-    async with SQLitePubSub(db, poll_ms=1000) as ps, SignalRuntime(
-        pubsub=ps, agent=agent, idle_wait_ms=600_000, shutdown_timeout_ms=0
-    ) as rt:
-        await rt.send("bench", Signal("0", type="warm"))
-        print("ready", flush=True)
-        await done.wait()
-        print(json.dumps({"done": time.time(), "lat": lat if mode == "latency" else []}),
-              flush=True)
+    """Own thread ``bench`` and hand its signals to an agent (bench/_handoff.py)."""
+    await serve_worker(SQLitePubSub(db, poll_ms=1000), n, mode)
 
 
 # -- the parent -------------------------------------------------------------------------------
-
-
-def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(HERE), *args], stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent.parent)})
-
-
-def _wait_ready(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if line != "ready":
-        raise SystemExit(f"child failed to start: {line!r}")
 
 
 def raw_round(workdir: str, n: int) -> float:
@@ -117,8 +85,8 @@ def raw_round(workdir: str, n: int) -> float:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("CREATE TABLE q (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT)")
     sock_path = db + ".sock"
-    child = _spawn("raw-consumer", db, sock_path, str(n))
-    _wait_ready(child)
+    child = spawn(HERE, "raw-consumer", db, sock_path, str(n))
+    wait_ready(child)
     bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     start = time.time()
     for i in range(n):
@@ -136,18 +104,8 @@ def raw_round(workdir: str, n: int) -> float:
 async def routed_round(workdir: str, n: int, gap: float = 0.0, mode: str = "rate"
                        ) -> dict[str, Any]:
     db = os.path.join(workdir, f"routed-{time.monotonic_ns()}.db")
-    child = _spawn("worker", db, str(n), mode)
-    _wait_ready(child)
-    async with SQLitePubSub(db) as ps, SignalRuntime(pubsub=ps, agent=None) as sender:
-        start = time.time()
-        for _ in range(n):
-            await sender.send("bench", Signal(repr(time.time()), type="bench"))
-            if gap:
-                await anyio.sleep(gap)
-    assert child.stdout is not None
-    result = json.loads(await anyio.to_thread.run_sync(child.stdout.readline))
-    child.wait()
-    return {"rate": n / (result["done"] - start), "lat": result["lat"]}
+    child = spawn(HERE, "worker", db, str(n), mode)
+    return await handoff_round(child, lambda: SQLitePubSub(db), n, gap)
 
 
 async def idle_cost(workdir: str, threads: int, window_s: float) -> dict[str, Any]:

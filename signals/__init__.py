@@ -42,6 +42,7 @@ from signals._model import (
 )
 from signals._run import Reducer, Run, RunInfo
 from signals._runtime import Agent, SignalRuntime
+from signals._schedules import CatchUp, Schedule
 from signals.kit._core import DeadLetter, Overflow, SignalCore, is_signal_core
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ __all__ = [
     "BackendError",
     "BackendPermanentError",
     "BackendUnavailableError",
+    "CatchUp",
     "ClosedError",
     "ConfigurationError",
     "CursorExpiredError",
@@ -72,6 +74,7 @@ __all__ = [
     "Reducer",
     "Run",
     "RunInfo",
+    "Schedule",
     "Signal",
     "SignalCore",
     "SignalError",

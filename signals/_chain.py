@@ -19,6 +19,7 @@ import anyio
 from _signal_leases.aio import retry_unavailable
 from _signal_leases.logs import get_logger
 from signals._run import Doorbell, Reducer, Run, RunInfo
+from signals._telemetry import Telemetry
 from signals.kit._capabilities import PartIn
 from signals.kit._core import RunRef
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from _signal_leases.logs import Logger
     from leases import HeldLease
+    from signals._model import Signal
     from signals.kit._core import InboxEntry
     from signals.kit._store import KitStore
 
@@ -52,8 +54,12 @@ class ChainSettings:
         run_timeout_s: float | None,
         reducers: Mapping[str, Reducer],
         log: Logger,
+        on_tick: Callable[[str, Signal], Awaitable[bool]] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.agent = agent
+        self.on_tick = on_tick
+        self.telemetry = telemetry
         self.store = store
         self.idle_wait_s = idle_wait_s
         self.max_attempts = max_attempts
@@ -76,6 +82,7 @@ class Chain:
         self.run: Run | None = None
         self._cancel_reason: str | None = None
         self._interrupted = False  # the previous run ended by an interrupt
+        self._winding_down = False  # the runtime is leaving: runs wait for nothing new
         # (run id, signal id): carried by a notice to a run that had not started or had ended;
         # see _settle_carried
         self._carried: list[tuple[str, str]] = []
@@ -96,6 +103,12 @@ class Chain:
         if run_id is not None:
             self._carried.append((run_id, entry.signal.id))
         self.doorbell.ring()
+
+    def wind_down(self) -> None:
+        """The runtime is leaving: the current run waits for nothing new."""
+        self._winding_down = True
+        if self.run is not None:
+            self.run.wind_down()
 
     def pause(self) -> None:
         """The thread was paused: the current run hands out nothing more."""
@@ -172,6 +185,7 @@ class Chain:
     def _dead_lettered(self, signal_id: str) -> None:
         self._log().warning("signal.dead_lettered", signal_id=signal_id,
                             attempts=self.settings.max_attempts)
+        Telemetry.event("signal.dead_lettered", signal_id=signal_id, thread_key=self.thread_key)
 
     async def _one_run(self) -> tuple[RunEnd, bool]:
         s = self.settings
@@ -183,9 +197,12 @@ class Chain:
             run_id=lease.owner, thread_key=self.thread_key, token=lease.token,
             store=s.store, doorbell=self.doorbell, idle_wait_s=s.idle_wait_s,
             max_attempts=s.max_attempts, max_bytes=s.max_bytes, reducers=s.reducers,
-            on_dead_letter=self._dead_lettered, on_fenced=self._fenced,
+            on_dead_letter=self._dead_lettered, on_fenced=self._fenced, on_tick=s.on_tick,
+            telemetry=s.telemetry,
         )
         run.interrupted = interrupted
+        if self._winding_down:
+            run.wind_down()
         await self._settle_carried(run)
         log = self._log()
         log.info("run.started", runs=self.runs, interrupted=interrupted)
@@ -211,6 +228,11 @@ class Chain:
             else self._cancel_reason or ("timeout" if end == "cancelled" else None)
         )
         more = run.more
+        run.end_spans(error if end == "failed" else (f"cancelled: {reason}"
+                                                     if end == "cancelled" else None))
+        if end == "cancelled" and reason is not None:
+            Telemetry.event(f"run.{'interrupted' if reason == 'interrupt' else 'cancelled'}",
+                            reason=reason, run_id=run.run_id)
         if end == "finished":
             await self._settle(run, None)
         ids = [sig.id for sig in run.handed]
@@ -222,9 +244,9 @@ class Chain:
             await self._part(run, "run.failed", {"error_type": exc_type, "message": message})
         elif end == "cancelled":
             self._interrupted = reason == "interrupt"
-            # An interrupt or an abort is what someone asked for: info; anything else (a
-            # timeout, a lost lease) is a warning.
-            asked = reason == "interrupt" or (reason or "").startswith("abort")
+            # An interrupt, an abort or a shutdown is what someone asked for: info; anything
+            # else (a timeout, a lost lease) is a warning.
+            asked = reason in ("interrupt", "shutdown") or (reason or "").startswith("abort")
             level = log.info if asked else log.warning
             level("run.cancelled", reason=reason, unacked=len(run.unacked), **fields)
             await self._settle(run, f"cancelled: {reason}")

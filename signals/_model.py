@@ -190,6 +190,13 @@ class Signal:
         object.__setattr__(copy, "folded", self.folded if folded is None else folded)
         return copy
 
+    def with_trace_context(self, carrier: dict[str, str]) -> Signal:
+        """A copy carrying ``carrier`` (W3C trace context headers) as ``trace_context``."""
+        copy = self.evolve()
+        object.__setattr__(copy, "trace_context", dict(carrier))
+        object.__setattr__(copy, "_encoded", None)
+        return copy
+
     def replace(self, **changes: Any) -> Signal:
         """A copy with stored fields changed (validated like a new signal)."""
         fields = {name: getattr(self, name) for name in _STORED if name != "_encoded"}

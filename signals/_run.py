@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +15,12 @@ import anyio.lowlevel
 from _signal_leases.aio import retry_unavailable, unix_now
 from _signal_leases.validation import check_str
 from signals._model import Signal, encode_json
+from signals._schedules import TICK_PREFIX
 from signals.kit._capabilities import PartIn
 from signals.kit._core import Ack, RunRef
 
 if TYPE_CHECKING:
+    from signals._telemetry import Telemetry
     from signals.kit._core import InboxEntry, Taken
     from signals.kit._store import KitStore
 
@@ -107,6 +109,7 @@ class _Unit:
 
     signal: Signal
     entries: tuple[InboxEntry, ...]
+    span: Any = None  # the telemetry's process span of this hand-out (None: tracing off)
 
 
 class Run:
@@ -147,8 +150,12 @@ class Run:
         reducers: Mapping[str, Reducer] | None = None,
         on_dead_letter: Callable[[str], None] | None = None,
         on_fenced: Callable[[], None] | None = None,
+        on_tick: Callable[[str, Signal], Awaitable[bool]] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.run_id = run_id
+        self._telemetry = telemetry
+        self._current: _Unit | None = None  # the hand-out whose span is the current one
         self.thread_key = thread_key
         self.token = token
         self.interrupted = False
@@ -162,6 +169,7 @@ class Run:
         self._reducers = reducers or {}
         self._on_dead_letter = on_dead_letter
         self._on_fenced = on_fenced
+        self._on_tick = on_tick
         self._primed: Signal | None = None
         self._buffer: list[tuple[tuple[int, int, int], InboxEntry]] = []  # taken, not handed
         self._grouped: list[tuple[InboxEntry, ...]] = []  # a coalesced lane taken, not handed
@@ -172,6 +180,7 @@ class Run:
         self._taking = False
         self._next_due: float | None = None
         self._paused = False  # the thread was paused: hand out nothing more
+        self._winding_down = False  # the runtime is leaving: wait for nothing new
         self._carried: set[str] = set()  # carried to this run by a notice, left in the core
         self.handed: list[Signal] = []
 
@@ -192,6 +201,12 @@ class Run:
             return False
         return self._more or self._stopped or bool(self._buffer) or bool(self._grouped)
 
+    def wind_down(self) -> None:
+        """The runtime is leaving: stop waiting for new signals (what was taken is still
+        handed out; the iteration then ends)."""
+        self._winding_down = True
+        self._doorbell.wake()
+
     def pause(self) -> None:
         """The thread was paused: hand out nothing more (what was taken goes back)."""
         self._paused = True
@@ -210,6 +225,15 @@ class Run:
         """The next signal for this run, or ``None`` when there is none within ``timeout``
         seconds (default: the runtime's ``idle_wait_ms``; ``0`` only looks), or when the run
         reached a signal queued for a run of its own. Commits nothing."""
+        while True:
+            signal = await self._next_signal(timeout)
+            if signal is None or self._on_tick is None or not signal.id.startswith(TICK_PREFIX):
+                return signal
+            if await self._on_tick(self.thread_key, signal):  # a schedule's tick: chain it
+                return signal
+            await self.ack(signal, result={"skipped": "a missed tick (catch_up='none')"})
+
+    async def _next_signal(self, timeout: float | None) -> Signal | None:
         if self._primed is not None:
             signal, self._primed = self._primed, None
             return signal
@@ -227,7 +251,7 @@ class Run:
                 await self._take()
                 continue
             remaining = deadline - anyio.current_time()
-            if remaining <= 0:
+            if remaining <= 0 or self._winding_down:
                 return None
             due = self._next_due
             await self._doorbell.wait(remaining if due is None
@@ -263,12 +287,35 @@ class Run:
             signals = [e.signal for e in entries]
             reducer = self._reducers.get(last.signal.lane or "")
             payload = reducer(signals) if reducer is not None else [s.payload for s in signals]
-            folded = last.signal.replace(payload=payload)
+            try:
+                folded = last.signal.replace(payload=payload)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"the reducer for lane {last.signal.lane!r} returned a payload "
+                                f"that is not JSON-serialisable: {exc}") from exc
             signal = folded.evolve(attempt=attempt, mode=last.mode,
                                    folded=tuple(e.signal.id for e in entries))
-        self._unacked[signal.id] = _Unit(signal, entries)
+        unit = self._unacked[signal.id] = _Unit(signal, entries)
+        if self._telemetry is not None:
+            self._leave_current()
+            unit.span = self._telemetry.start_process(
+                self.thread_key, self.run_id, signal, [e.signal for e in entries])
+            self._current = unit
         self.handed.append(signal)
         return signal
+
+    def _leave_current(self) -> None:
+        """The previous hand-out's span stops being the current one (it ends at its ack)."""
+        if self._current is not None and self._current.span is not None:
+            self._current.span.detach()
+        self._current = None
+
+    def end_spans(self, error: str | None) -> None:
+        """The run ended: end the spans of what it never acknowledged (``error``: why)."""
+        if self._telemetry is not None:
+            self._leave_current()
+            for unit in self._unacked.values():
+                self._telemetry.end_process(unit.span, error or "not acknowledged")
+                unit.span = None
 
     def offer(self, entry: InboxEntry) -> bool:
         """Take an entry a notice carried (already carried to this run): it goes straight
@@ -382,6 +429,14 @@ class Run:
         self._unacked.pop(signal_id, None)
         self._acked.add(signal_id)
         self._acked.update(e.signal.id for e in unit.entries)
+        self._span_done(unit)
+
+    def _span_done(self, unit: _Unit) -> None:
+        if unit.span is not None and self._telemetry is not None:
+            if unit is self._current:
+                self._current = None
+            self._telemetry.end_process(unit.span)
+            unit.span = None
 
     async def ack_all(self) -> None:
         """Acknowledge every signal handed out and not yet acknowledged (the runtime calls
@@ -394,6 +449,8 @@ class Run:
                 await self._fenced()
             self._acked.update(self._unacked)
             self._acked.update(a.signal_id for a in acks)
+            for unit in self._unacked.values():
+                self._span_done(unit)
             self._unacked.clear()
 
     def unhanded(self) -> list[str]:

@@ -25,7 +25,7 @@ import anyio
 from anyio import AsyncContextManagerMixin
 
 from _signal_leases.aio import WakeQueue, owned_task_group, unix_now
-from _signal_leases.errors import ClosedError
+from _signal_leases.errors import BackendError, ClosedError
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import (
     check_choice,
@@ -49,7 +49,9 @@ from signals._model import (
 from signals._recovery import RecoveryMixin
 from signals._resolve import check_agent, check_pubsub, check_store, resolve_core, resolve_leases
 from signals._run import Reducer, Run, RunInfo
+from signals._schedules import CatchUp, Schedule, Scheduler
 from signals._streams import StreamsMixin
+from signals._telemetry import Telemetry
 from signals.kit._capabilities import Notice, RuntimeInfo
 from signals.kit._core import InboxEntry, Limits, Overflow, SignalCore, run_runtime
 from signals.kit._derived import TOPIC_PREFIX
@@ -169,6 +171,8 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self._next_due: float | None = None  # Unix time the timer wakes at
         self._tg: TaskGroup | None = None
         self._kit: KitStore | None = None
+        self._scheduler: Scheduler | None = None
+        self._telemetry = Telemetry()
         self._settings: ChainSettings | None = None
         self._closed = False
         self._run_seq = 0
@@ -188,6 +192,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             kit = self._kit = KitStore(
                 self.store, self.leases, self.pubsub, prefix=TOPIC_PREFIX,
                 runtime_id=self.runtime_id, heartbeat=heartbeat, new_run_id=self._new_run_id,
+                on_later=self._due_hint,
             )
             if self.agent is not None:
                 self._settings = ChainSettings(
@@ -196,7 +201,8 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
                     run_timeout_s=(
                         None if self.run_timeout_ms is None else self.run_timeout_ms / 1000
                     ),
-                    reducers=self.reducers, log=self._log,
+                    reducers=self.reducers, log=self._log, on_tick=self._on_tick,
+                    telemetry=self._telemetry,
                 )
                 await kit.register(self._info(), self.lease_ttl_ms)
                 stack.push_async_callback(self._unregister)
@@ -237,6 +243,8 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self._closed = True
         self._taking_back.clear()  # no more claims: what they would take stays in the inbox
         if graceful:
+            for chain in list(self._chains.values()):
+                chain.wind_down()  # a run waiting for its next signal ends now
             timeout = self.shutdown_timeout_ms
             try:
                 with anyio.move_on_after(float("inf") if timeout is None else timeout / 1000):
@@ -345,6 +353,18 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
                 f"runtime has no reducer for it: pass reducers={{{signal.lane!r}: fn}} to "
                 f"SignalRuntime (every runtime that runs the thread needs it)"
             )
+        started = time.perf_counter()
+        span, signal = self._telemetry.start_send(thread_key, signal)
+        try:
+            delivery = await self._send(thread_key, signal, if_active, if_idle)
+        except BaseException as exc:
+            self._telemetry.end_send(span, started, None, exc)
+            raise
+        self._telemetry.end_send(span, started, delivery.outcome, None)
+        return delivery
+
+    async def _send(self, thread_key: str, signal: Signal, if_active: IfActive,
+                    if_idle: IfIdle) -> Delivery:
         signal.encode(self.max_signal_bytes)  # SignalTooLargeError before anything is written
         kit = self._kit_open()
         log = self._log.bind(key=thread_key, signal_id=signal.id)
@@ -457,6 +477,48 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             else:
                 await kit.notify(None, Notice("work", thread_key))
         return was
+
+    # -- schedules -------------------------------------------------------------------------
+
+    async def schedule(
+        self, schedule_id: str, thread_key: str, signal: Signal | Any, *,
+        every_ms: int | None = None, cron: str | None = None, tz: str = "UTC",
+        catch_up: CatchUp = "latest",
+    ) -> Schedule:
+        """Send ``signal`` into ``thread_key`` every ``every_ms`` milliseconds or by the
+        ``cron`` expression (croniter: ``"0 9 * * *"``, in the time zone ``tz``), each tick
+        exactly once across every process; durable. Declaring the same ``schedule_id`` again
+        with the same settings changes nothing (every worker can declare it at start); with
+        other settings it replaces the schedule. ``catch_up``: what ticks missed while no
+        worker ran do: ``latest`` fires one, ``all`` fires each, ``none`` skips them. A bad
+        cron expression, time zone or ``catch_up`` is a ``ValueError`` naming it."""
+        return await self._schedules().schedule(
+            schedule_id, thread_key, signal, every_ms=every_ms, cron=cron, tz=tz,
+            catch_up=catch_up)
+
+    async def unschedule(self, schedule_id: str) -> bool:
+        """Remove a schedule and its pending tick; ``False`` when there was none. A tick a run
+        already has finishes."""
+        return await self._schedules().unschedule(schedule_id)
+
+    async def schedules(self) -> list[Schedule]:
+        """Every schedule, by id."""
+        return await self._schedules().schedules()
+
+    def _schedules(self) -> Scheduler:
+        kit = self._kit_open()
+        if self._scheduler is None:
+            self._scheduler = Scheduler(kit, self.send, self.cancel, self._log)
+        return self._scheduler
+
+    async def _on_tick(self, thread_key: str, signal: Signal) -> bool:
+        try:
+            return await self._schedules().on_tick(thread_key, signal)
+        except (ClosedError, BackendError) as exc:
+            # The next tick is declared again by every schedule() at a worker's start.
+            self._log.warning("schedule.chain_failed", key=thread_key, signal_id=signal.id,
+                              error=repr(exc))
+            return True
 
     # -- runs ------------------------------------------------------------------------------
 

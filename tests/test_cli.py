@@ -230,6 +230,24 @@ async def test_receipt_and_dead_letters(
 # -- control commands ---------------------------------------------------------------------------
 
 
+async def test_schedules_and_unschedule(redis_url: str, key_prefix: str) -> None:
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as ps, SignalRuntime(
+        pubsub=ps, agent=None
+    ) as rt:
+        await rt.schedule("digest", "inbox", Signal({"d": 1}), cron="0 8 * * *", tz="Europe/Paris")
+    base = ["--redis-url", redis_url, "--key-prefix", key_prefix]
+    listed = json.loads(cli("schedules", *base, "--json").stdout)["schedules"]
+    assert [(s["schedule_id"], s["thread_key"], s["cron"], s["tz"]) for s in listed] == [
+        ("digest", "inbox", "0 8 * * *", "Europe/Paris")]
+    text = cli("schedules", *base).stdout
+    assert "digest" in text and "cron 0 8 * * * (Europe/Paris)" in text, text
+    gone = cli("unschedule", "digest", *base)
+    assert gone.returncode == 0 and "removed schedule 'digest'" in gone.stdout, gone
+    again = cli("unschedule", "digest", *base)
+    assert again.returncode == 3 and "no schedule 'digest'" in again.stderr, again
+    assert cli("schedules", *base).stdout.strip() == "no schedules"
+
+
 async def test_pause_and_resume(
     parts: tuple[RedisLeaseProvider, RedisSignalStore], redis_url: str, key_prefix: str
 ) -> None:

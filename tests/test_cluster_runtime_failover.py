@@ -119,13 +119,12 @@ async def test_no_accepted_signal_is_lost_across_a_master_failover(
         for _ in range(2):  # and after it, with no restart of any runtime
             await send_round(time.monotonic() + RECOVERY_S)
 
-        with anyio.fail_after(RECOVERY_S):
+        with anyio.move_on_after(RECOVERY_S):
             while not record.accepted <= set(record.processed):  # noqa: ASYNC110 - workers
                 await anyio.sleep(0.1)
         recovered = time.monotonic() - killed_at
-
-    lost = record.accepted - set(record.processed)
-    assert not lost
+        lost = record.accepted - set(record.processed)  # before the runtimes leave
+        assert not lost, f"not processed {recovered:.1f}s after the kill: {sorted(lost)}"
     assert len(record.accepted) == n  # every send was accepted in the end
     for thread, tokens in record.tokens.items():
         assert len(tokens) == len(set(tokens)), f"{thread}: a fencing token was issued twice"

@@ -182,3 +182,17 @@ def test_sqlite_workers() -> None:
     assert result.returncode == 0, result.stderr
     assert re.search(r"thread-a runs in pid \d+; SIGKILL it", result.stdout), result.stdout
     assert "all 30 signals processed" in result.stdout, result.stdout
+
+
+def test_time_agent(tmp_path: Path) -> None:
+    for args in ((), ("--sqlite", str(tmp_path / "t.db"))):
+        result = run_example("time_agent.py", *args)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert "schedules: ['daily-digest', 'demo-digest']" in out, out
+        assert "reminder in 2 s: scheduled" in out, out
+        assert re.search(r"agent got typing +\{'text': 'hello'\}", out), out
+        assert re.search(r" 2\.\d s  agent got reminder", out), out
+        assert len(re.findall(r"agent got digest", out)) == 2, out
+        assert "the CI status sent to a paused thread: expired" in out, out
+        assert "unschedule demo-digest: True" in out, out

@@ -453,6 +453,29 @@ async def test_pause_resume_and_dispositions_over_http(redis_url: str, key_prefi
         assert wrong.status_code == 405
 
 
+@pytest.mark.redis
+@pytest.mark.anyio
+async def test_schedules_over_http(redis_url: str, key_prefix: str) -> None:
+    async with stack(redis_url, key_prefix, worker=False) as kit:
+        body = {"schedule_id": "digest", "thread_key": "inbox", "cron": "0 8 * * *",
+                "tz": "Europe/Paris", "signal": {"payload": {"d": 1}, "type": "digest"}}
+        made = await kit.client.post("/schedules", json=body)
+        assert made.status_code == 200, made.text
+        assert made.json()["schedule_id"] == "digest" and made.json()["next_at"] > 0
+        assert made.json()["signal"] == {"payload": {"d": 1}, "type": "digest"}
+        listed = (await kit.client.get("/schedules")).json()["schedules"]
+        assert [(s["schedule_id"], s["cron"]) for s in listed] == [("digest", "0 8 * * *")]
+        bad = await kit.client.post("/schedules", json={**body, "cron": "soon"})
+        assert bad.status_code == 400 and "cron='soon'" in bad.json()["message"]
+        odd = await kit.client.post("/schedules", json={**body, "when": 1})
+        assert odd.status_code == 400 and "when" in odd.json()["message"]
+        gone = await kit.client.delete("/schedules/digest")
+        assert gone.json() == {"schedule_id": "digest", "removed": True}
+        missing = await kit.client.delete("/schedules/digest")
+        assert missing.status_code == 404 and error_of(missing) == "unknown_schedule"
+        assert (await kit.client.get("/schedules")).json() == {"schedules": []}
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 

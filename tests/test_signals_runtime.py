@@ -630,3 +630,25 @@ async def test_an_error_in_the_body_propagates_on_every_backend(
             await runtime.send("t", "x")
             await runtime.wait_idle()
             raise LookupError("mine")
+
+
+async def test_leaving_does_not_wait_for_idle_runs_to_time_out() -> None:
+    """Graceful exit lets runs finish what they hold, and a run waiting for its next signal
+    (``idle_wait_ms`` of ten minutes) ends at once instead of holding the exit."""
+    got: list[str] = []
+    ended = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            got.append(signal.payload)
+            await run.ack(signal)
+        ended.set()
+
+    started = anyio.current_time()
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent, idle_wait_ms=600_000, **parts()
+    ) as runtime:
+        await runtime.send("t", "a")
+        await anyio.sleep(0.1)  # the run got "a" and now waits for the next signal
+    assert ended.is_set() and got == ["a"]
+    assert anyio.current_time() - started < 5

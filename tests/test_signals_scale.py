@@ -153,14 +153,20 @@ async def test_a_routed_signal_costs_two_backend_calls() -> None:
     assert calls == ["route", "settle"], calls
 
 
+def _payloads(signals: list[Signal]) -> list[Any]:
+    return [s.payload for s in signals]
+
+
 @pytest.mark.redis
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("lane", [None, "supersede", "coalesce"])
 async def test_a_routed_signal_costs_two_redis_round_trips(
-    anyio_backend: str, private_redis_server: Any
+    anyio_backend: str, private_redis_server: Any, lane: str | None
 ) -> None:
     """On Redis, seen by the server itself (MONITOR): the sender's route is one script (which
     also publishes the notice that carries the signal to the owner's run) and the owner's ack
-    one more. No other client command runs for it."""
+    one more. No other client command runs for it; a lane (supersede, or coalesce: the
+    owner's run takes the lane as one hand-out) costs nothing more."""
     first_done, acked = anyio.Event(), anyio.Event()
 
     async def agent(run: Run) -> None:
@@ -185,7 +191,9 @@ async def test_a_routed_signal_costs_two_redis_round_trips(
         ) as pubsub, SignalRuntime(
             pubsub=pubsub, agent=agent, idle_wait_ms=60_000, recover_interval_ms=60_000,
             lease_ttl_ms=60_000, shutdown_timeout_ms=0,
-        ) as owner, SignalRuntime(pubsub=pubsub, agent=None) as sender:
+            reducers={"l": _payloads},
+        ) as owner, SignalRuntime(pubsub=pubsub, agent=None, reducers={"l": _payloads}
+                                  ) as sender:
             await owner.send("t", "first")
             with anyio.fail_after(5):
                 await first_done.wait()
@@ -193,7 +201,9 @@ async def test_a_routed_signal_costs_two_redis_round_trips(
             await tg.start(watch)
             await anyio.sleep(0.1)
             seen.clear()
-            assert (await sender.send("t", "routed")).outcome == "deliver"
+            routed = (Signal("routed") if lane is None else
+                      Signal("routed", lane="l", merge=lane))  # type: ignore[arg-type]
+            assert (await sender.send("t", routed)).outcome == "deliver"
             with anyio.fail_after(5):
                 await acked.wait()
             await anyio.sleep(0.1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from signals._model import Receipt, Signal, StreamPart, ThreadInfo
+    from signals._schedules import Schedule
     from signals.kit._core import DeadLetter
 
 __all__ = [
@@ -248,3 +250,24 @@ def silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
+
+
+def schedule_json(s: Schedule) -> dict[str, Any]:
+    """A :class:`~signals.Schedule` as the CLI prints it with ``--json``."""
+    return {"schedule_id": s.schedule_id, "thread_key": s.thread_key, "every_ms": s.every_ms,
+            "cron": s.cron, "tz": s.tz, "catch_up": s.catch_up, "next_at": s.next_at,
+            "signal": s.signal.to_dict()}
+
+
+def schedules_text(found: list[dict[str, Any]]) -> str:
+    if not found:
+        return "no schedules"
+    rows = [("schedule", "thread", "when", "catch-up", "next tick (UTC)")]
+    for s in found:
+        when = f"every {s['every_ms']} ms" if s["every_ms"] is not None else (
+            f"cron {s['cron']} ({s['tz']})")
+        rows.append((s["schedule_id"], s["thread_key"], when, s["catch_up"],
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s["next_at"]))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)

@@ -31,6 +31,10 @@ Commands::
         an active run is handed no further signal (the one in hand finishes).
     resume THREAD_KEY
         Resume a paused thread: its signals go on in order.
+    schedules
+        Every schedule: id, thread, every / cron (and time zone), catch-up, next tick.
+    unschedule SCHEDULE_ID
+        Remove a schedule and its pending tick.
 
 Options of every command: --redis-url URL (default: $REDIS_URL); --cluster when that URL is
 a seed node of a Redis Cluster; --key-prefix P, the key_prefix of the RedisStreamsPubSub the
@@ -245,11 +249,27 @@ async def _pause(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> in
     return EXIT_OK
 
 
+async def _schedules(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    found = [fmt.schedule_json(s) for s in await rt.schedules()]
+    _say(args, out, {"schedules": found}, fmt.schedules_text(found))
+    return EXIT_OK
+
+
+async def _unschedule(rt: SignalRuntime, args: argparse.Namespace, out: TextIO) -> int:
+    removed = await rt.unschedule(args.schedule_id)
+    if not removed:
+        _complain(f"no schedule {args.schedule_id!r}")
+        return EXIT_NOT_FOUND
+    _say(args, out, {"schedule_id": args.schedule_id, "removed": True},
+         f"removed schedule {args.schedule_id!r}")
+    return EXIT_OK
+
+
 _Command = Callable[["SignalRuntime", argparse.Namespace, TextIO], Awaitable[int]]
 _COMMANDS: dict[str, _Command] = {
     "threads": _threads, "inspect": _inspect, "pending": _pending, "cancel": _cancel,
     "abort": _abort, "tail": _tail, "receipt": _receipt, "dead-letters": _dead_letters,
-    "pause": _pause, "resume": _pause,
+    "pause": _pause, "resume": _pause, "schedules": _schedules, "unschedule": _unschedule,
 }
 
 
@@ -352,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--purge", action="store_true", help="delete every dead letter")
     command("pause", "pause one thread for every process (signals wait, no run starts)")
     command("resume", "resume a paused thread (its signals go on in order)")
+    command("schedules", "every schedule: thread, period or cron, next tick", key=False)
+    p = command("unschedule", "remove a schedule and its pending tick", key=False)
+    p.add_argument("schedule_id", metavar="SCHEDULE_ID")
     return parser
 
 
@@ -361,7 +384,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--redis-url is required (or set $REDIS_URL)")
     if getattr(args, "thread_key", None) is not None:
         check_identifier("THREAD_KEY", args.thread_key)
-    for name in ("signal_id", "run"):
+    for name in ("signal_id", "run", "schedule_id"):
         if getattr(args, name, None) is not None:
             check_identifier(name.upper().replace("_", " "), getattr(args, name))
     for sid in [*getattr(args, "signal_ids", []), *getattr(args, "retry", [])]:

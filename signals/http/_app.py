@@ -14,6 +14,10 @@ POST     ``/threads/{key}/pause``        ``pause``                              
 POST     ``/threads/{key}/resume``       ``resume``                                  pause
 DELETE   ``/threads/{key}/signals/{id}`` ``cancel``                                  cancel
 GET      ``/threads/{key}/signals/{id}`` ``receipt`` (``?wait=S``: ``wait_for``)     read
+GET      ``/openapi.json``               the OpenAPI document of these routes        (none)
+GET      ``/schedules``                  ``schedules`` (those ``read`` allows)       read
+POST     ``/schedules``                  ``schedule``                                schedule
+DELETE   ``/schedules/{id}``             ``unschedule``                              schedule
 =======  ==============================  ==========================================  =======
 
 The runtime must be entered (``async with SignalRuntime(...)``) on the event loop that serves
@@ -50,12 +54,14 @@ from signals.http._common import (
     query_bool,
     query_float,
     query_int,
-    read_json,
+    read_object,
     receipt_json,
     runtime_errors,
+    schedule_json,
     signal_json,
     thread_json,
 )
+from signals.http._openapi import openapi
 from signals.http._sse import EventStream, StreamRegistry
 
 if TYPE_CHECKING:
@@ -80,12 +86,86 @@ _STORED = frozenset({"wake", "deliver", "queued"})
 Handler = Callable[[Request, str, "str | None"], Awaitable[Any]]
 
 
+_SCHEDULE_FIELDS = frozenset({"schedule_id", "thread_key", "signal", "every_ms", "cron", "tz",
+                              "catch_up"})
+
+
+class _Schedules:
+    """``/schedules``: list, create (or update), delete; authorized per schedule's thread."""
+
+    def __init__(self, api: _Api) -> None:
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            with runtime_errors():
+                response = await self.handle(request)
+        except HTTPError as exc:
+            response = exc.response()
+        await response(scope, receive, send)
+
+    async def allowed(self, request: Request, key: str, action: Action) -> bool:
+        try:
+            await check_access(request, key, action, self.api.authorize, self.api.allow_remote)
+        except HTTPError:
+            return False
+        return True
+
+    async def handle(self, request: Request) -> Response:
+        api, runtime = self.api, self.api.runtime
+        if request.method == "GET":
+            if api.authorize is None:  # this machine only (unless allow_remote): all of them
+                await check_access(request, "", "read", None, api.allow_remote)
+                found = await runtime.schedules()
+            else:  # the schedules of the threads the caller may read
+                found = [s for s in await runtime.schedules()
+                         if await self.allowed(request, s.thread_key, "read")]
+            return JSONResponse({"schedules": [schedule_json(s) for s in found]})
+        if request.method == "POST":
+            body = await read_object(request, _SCHEDULE_FIELDS, limit=api.body_limit)
+            for name in ("schedule_id", "thread_key", "signal"):
+                if name not in body:
+                    raise HTTPError(400, "bad_request", f"the body needs {name}")
+            spec = body["signal"]
+            if not isinstance(spec, dict) or "payload" not in spec:
+                raise HTTPError(400, "bad_request", "signal must be an object with a payload")
+            unknown = sorted(set(spec) - {"payload", *_SIGNAL_FIELDS} - {"id"})
+            if unknown or "id" in spec:
+                raise HTTPError(400, "bad_request", "signal takes payload, type and the "
+                                f"disposition fields (not {', '.join(unknown) or 'id'})")
+            await check_access(request, body["thread_key"], "schedule", api.authorize,
+                               api.allow_remote)
+            signal = Signal(spec["payload"], **{k: v for k, v in spec.items() if k != "payload"})
+            made = await runtime.schedule(
+                body["schedule_id"], body["thread_key"], signal, every_ms=body.get("every_ms"),
+                cron=body.get("cron"), tz=body.get("tz", "UTC"),
+                catch_up=body.get("catch_up", "latest"))
+            return JSONResponse(schedule_json(made))
+        schedule_id = request.path_params["schedule_id"]
+        known = {s.schedule_id: s for s in await runtime.schedules()}.get(schedule_id)
+        if known is None:
+            raise HTTPError(404, "unknown_schedule", f"no schedule {schedule_id!r}")
+        await check_access(request, known.thread_key, "schedule", api.authorize,
+                           api.allow_remote)
+        await runtime.unschedule(schedule_id)
+        return JSONResponse({"schedule_id": schedule_id, "removed": True})
+
+
+async def _openapi_json(request: Request) -> Response:
+    return JSONResponse(openapi())
+
+
 class SignalsApp(Starlette):
     """The app :func:`create_app` returns: a Starlette app, plus :meth:`close_streams`."""
 
     def __init__(self, api: _Api) -> None:
         super().__init__(
-            routes=[Route("/threads/{rest:path}", api)],
+            routes=[Route("/threads/{rest:path}", api),
+                    Route("/schedules", _Schedules(api), methods=["GET", "POST"]),
+                    Route("/schedules/{schedule_id:path}", _Schedules(api),
+                          methods=["DELETE"]),
+                    Route("/openapi.json", _openapi_json, methods=["GET"])],
             exception_handlers={HTTPException: _http_exception, Exception: _internal_error},
         )
         self._streams = api.streams
@@ -223,12 +303,7 @@ class _Api:
 
     async def send(self, request: Request, key: str, _: str | None) -> Response:
         wait = query_float(request, "wait", maximum=self.max_wait)
-        body = await read_json(request, limit=self.body_limit)
-        if not isinstance(body, dict):
-            raise HTTPError(400, "bad_request", "the body must be a JSON object")
-        unknown = sorted(set(body) - _SEND_FIELDS)
-        if unknown:
-            raise HTTPError(400, "bad_request", f"unknown fields: {', '.join(unknown)}")
+        body = await read_object(request, _SEND_FIELDS, limit=self.body_limit)
         if "payload" not in body:
             raise HTTPError(400, "bad_request", "the body needs a payload (null is fine)")
         signal = Signal(body["payload"], **{k: body[k] for k in _SIGNAL_FIELDS if k in body})
@@ -273,12 +348,7 @@ class _Api:
         })
 
     async def abort(self, request: Request, key: str, _: str | None) -> Response:
-        body = await read_json(request, limit=self.body_limit, default={})
-        if not isinstance(body, dict):
-            raise HTTPError(400, "bad_request", "the body must be a JSON object")
-        unknown = sorted(set(body) - _ABORT_FIELDS)
-        if unknown:
-            raise HTTPError(400, "bad_request", f"unknown fields: {', '.join(unknown)}")
+        body = await read_object(request, _ABORT_FIELDS, limit=self.body_limit, default={})
         clear = body.get("clear_pending", False)
         if not isinstance(clear, bool):
             raise HTTPError(400, "bad_request", "clear_pending must be true or false")

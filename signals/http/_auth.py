@@ -29,7 +29,7 @@ from signals.http._common import HTTPError
 
 __all__ = ["Action", "Authorize", "check_access", "is_loopback_host", "is_loopback_ip"]
 
-Action: TypeAlias = Literal["send", "stream", "read", "abort", "cancel", "pause"]
+Action: TypeAlias = Literal["send", "stream", "read", "abort", "cancel", "pause", "schedule"]
 """What a request does: ``send`` (POST a signal), ``stream`` (the SSE stream), ``read``
 (thread, pending signals, receipts), ``abort`` (a run) or ``cancel`` (a queued signal)."""
 

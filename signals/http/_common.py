@@ -27,6 +27,7 @@ from _signal_leases.errors import (
     UnknownSignalError,
 )
 from signals._model import Delivery, Receipt, Signal, StreamPart, ThreadInfo
+from signals._schedules import Schedule
 
 __all__ = [
     "HTTPError",
@@ -113,6 +114,19 @@ _NO_BODY: Any = object()
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+async def read_object(request: Request, fields: frozenset[str], *, limit: int,
+                      default: Any = _NO_BODY) -> dict[str, Any]:
+    """The request's JSON body (see :func:`read_json`), which must be an object with no field
+    outside ``fields`` (400 ``bad_request`` naming them: a typo never passes silently)."""
+    body = await read_json(request, limit=limit, default=default)
+    if not isinstance(body, dict):
+        raise HTTPError(400, "bad_request", "the body must be a JSON object")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise HTTPError(400, "bad_request", f"unknown fields: {', '.join(unknown)}")
+    return body
 
 
 async def read_json(request: Request, *, limit: int, default: Any = _NO_BODY) -> Any:
@@ -221,3 +235,12 @@ def thread_json(info: ThreadInfo) -> dict[str, Any]:
 def signal_json(signal: Signal) -> dict[str, Any]:
     """A pending :class:`Signal` with its delivery fields (``attempt``: hand-outs so far)."""
     return {**signal.to_dict(), "attempt": signal.attempt, "mode": signal.mode}
+
+
+def schedule_json(s: Schedule) -> dict[str, Any]:
+    """A :class:`~signals.Schedule`."""
+    return {"schedule_id": s.schedule_id, "thread_key": s.thread_key,
+            "signal": {k: v for k, v in s.signal.to_dict().items()
+                       if k not in ("id", "created_at")},
+            "every_ms": s.every_ms, "cron": s.cron, "tz": s.tz, "catch_up": s.catch_up,
+            "next_at": s.next_at}

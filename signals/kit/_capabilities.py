@@ -131,12 +131,13 @@ class Claimed:
     """What a fused :meth:`FusedRouting.claim` did: ``claimed`` (``token``: its fencing
     token), or ``owner`` (a live holder: the thread stays indexed until its lease would
     expire), or ``empty`` (no ready work, or paused: the thread left the index or waits for
-    its next due time)."""
+    its next due time: ``next_due``, Unix time)."""
 
     claimed: bool = False
     owner: str | None = None
     token: int | None = None
     empty: bool = False
+    next_due: float | None = None
 
 
 class NoticeChannel(Protocol):

@@ -310,32 +310,38 @@ class Engine:
             return True
         if self._stale(t, th, run):
             return False
+        back: list[EntryRow] = []
         for sid in returned:  # before the takeover: a carried entry still shows its run
             e = t.by_signal(key, sid)
             if e is not None and (e.state == "carried" or (
                     e.state == "held" and e.holder == run.run_id)):
                 e.state, e.holder, e.attempts = "ready", None, max(0, e.attempts - 1)
-                self._back(t, th, e)
+                t.update(e)
+                back.append(e)
         self._adopt(t, th, run)
         self._ack(t, th, run, acks)
         for sid in failed:
             e = t.by_signal(key, sid)
             if e is not None and e.holder == run.run_id:
                 e.state, e.holder, e.error = "ready", None, error
-                self._back(t, th, e)
+                t.update(e)
+                back.append(e)
+        self._give_way(t, th, back)
         self._emptied(t, th)
         t.save_thread(th)
         return True
 
-    def _back(self, t: Tables, th: ThreadRow, e: EntryRow) -> None:
-        """``e`` is ready again; a newer pending ``supersede`` signal of its lane (accepted
-        while a run held ``e``) replaces it now, as it would have then."""
-        if e.lane is not None:
+    def _give_way(self, t: Tables, th: ThreadRow, back: list[EntryRow]) -> None:
+        """Entries ready again (all of them first, so the order of the lists does not
+        matter): one with a newer pending ``supersede`` signal in its lane (accepted while a
+        run held it) is replaced by it now, as it would have been then."""
+        for e in sorted(back, key=lambda x: x.seq):
+            if e.lane is None:
+                continue
             for newer in t.lane(th.key, e.lane):
                 if newer.seq > e.seq and newer.state in _OPEN and newer.merge == "supersede":
                     self._remove(t, th, [e], "superseded", by=newer.sid)
-                    return
-        t.update(e)
+                    break
 
     def withdraw(self, t: Tables, key: str, signal_ids: Sequence[str] | None,
                  held: bool) -> list[str]:
@@ -485,7 +491,7 @@ class Engine:
             th.look = t.next_due(key)
             self._emptied(t, th)
             t.save_thread(th)
-            return Claimed(empty=True)
+            return Claimed(empty=True, next_due=th.look)
         token = leases.grant(key, claim.owner, claim.ttl_ms, claim.session)
         if token is None:
             return Claimed()

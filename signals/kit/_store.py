@@ -59,8 +59,10 @@ class KitStore:
     def __init__(
         self, core: SignalCore, leases: LeaseProvider, pubsub: PubSub, *, prefix: str,
         runtime_id: str, heartbeat: LeaseHeartbeat | None, new_run_id: Callable[[], str],
+        on_later: Callable[[float], None] | None = None,
     ) -> None:
         self.core = core
+        self.on_later = on_later  # a claimed thread's signals come due later, at this time
         self.leases = leases
         self.runtime_id = runtime_id
         self.heartbeat = heartbeat
@@ -148,6 +150,8 @@ class KitStore:
             claimed = await self.fused.claim(thread_key, request)
             if claimed.claimed:
                 return self._adopt(thread_key, request, claimed.token, sent_at)
+            if claimed.next_due is not None and self.on_later is not None:
+                self.on_later(claimed.next_due)
             return None
         assert self.heartbeat is not None
         state = (await self.core.describe([thread_key]))[thread_key]
@@ -160,8 +164,12 @@ class KitStore:
             if state.ready and run_runtime(owner) != self.runtime_id:
                 await self.notices.notify(run_runtime(owner), Notice("signal", thread_key, owner))
             return None
-        if not state.ready:
-            return None  # only signals not due yet: the index has their time
+        if not state.ready:  # only signals not due yet (a debounce may have moved them)
+            if state.next_due is not None:
+                await self.core.look_at(thread_key, state.next_due)
+                if self.on_later is not None:
+                    self.on_later(state.next_due)
+            return None
         return await self._claim_generic(thread_key)
 
     async def finish(self, lease: HeldLease, *, more: bool) -> HeldLease | None:

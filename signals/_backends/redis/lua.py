@@ -192,21 +192,24 @@ local function lane_members(lane)
   return out
 end
 
-local function back(seq, m)
-  -- m is ready again: a newer pending supersede signal of its lane (accepted while a run
-  -- held m) replaces it now, as it would have then
-  if m.l then
-    local members = redis.call('ZRANGEBYLEX', K.ln, '(' .. lkey(m.l, tonumber(seq)),
-                               '(' .. m.l .. '\\1')
-    for _, member in ipairs(members) do
-      local nm = get(tostring(tonumber(string.sub(member, #m.l + 2))))
-      if nm and (nm.st == 'ready' or nm.st == 'later') and nm.g == 'supersede' then
-        remove_as(seq, m, 'superseded', '', nm.i)
-        return
+local function give_way(seqs)
+  -- entries ready again (all of them first): one with a newer pending supersede signal in
+  -- its lane (accepted while a run held it) is replaced by it now, as it would have then
+  table.sort(seqs, function(a, b) return tonumber(a) < tonumber(b) end)
+  for _, seq in ipairs(seqs) do
+    local m = get(seq)
+    if m and m.l and m.st == 'ready' then
+      local members = redis.call('ZRANGEBYLEX', K.ln, '(' .. lkey(m.l, tonumber(seq)),
+                                 '(' .. m.l .. '\\1')
+      for _, member in ipairs(members) do
+        local nm = get(tostring(tonumber(string.sub(member, #m.l + 2))))
+        if nm and (nm.st == 'ready' or nm.st == 'later') and nm.g == 'supersede' then
+          remove_as(seq, m, 'superseded', '', nm.i)
+          break
+        end
       end
     end
   end
-  file(seq, m)
 end
 
 local function lane_open(lane)
@@ -606,12 +609,14 @@ for _ = 1, nf do
   failed[#failed + 1] = ARGV[i]
   i = i + 1
 end
+local backs = {}
 for j = i, #ARGV do
   local seq = redis.call('HGET', K.ix, ARGV[j])
   local m = seq and get(seq)
   if m and (m.st == 'carried' or (m.st == 'held' and m.h == run)) then
     m.st, m.h, m.n = 'ready', nil, math.max(0, m.n - 1)
-    back(seq, m)
+    file(seq, m)
+    backs[#backs + 1] = seq
   end
 end
 adopt(run, token)
@@ -622,9 +627,11 @@ for _, sid in ipairs(failed) do
   if m and m.h == run then
     m.st, m.h = 'ready', nil
     if ARGV[10] ~= '' then m.e = ARGV[10] end
-    back(seq, m)
+    file(seq, m)
+    backs[#backs + 1] = seq
   end
 end
+give_way(backs)
 emptied()
 return reply(1)
 """
@@ -735,7 +742,7 @@ end
 if not has_work() then
   local nd = next_due()
   if nd then index('s', nd) else emptied() end
-  return reply(2, false, false, 0)
+  return reply(2, false, false, nd and fmt(nd) or 0)
 end
 if not session_alive(SP, ARGV[10]) then return reply(3, false, false, 0) end
 local token = lease_grant(K.lease, K.fence, ARGV[8], ARGV[9], ARGV[10])

@@ -436,7 +436,7 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         if self._idx == "0":
             await self.track_threads(claim.runtime_id, add=[thread_key])
         args = [claim.owner, claim.ttl_ms, claim.session or "", self.keys.notice_prefix]
-        code, owner, token, _left = await self._run(
+        code, owner, token, left = await self._run(
             "claim", thread_key, args, f"claim of thread {thread_key!r}",
             runtime_id=claim.runtime_id,
         )
@@ -447,7 +447,8 @@ class RedisSignalStore(RedisOutput, RedisPresence):
             await self.track_threads(claim.runtime_id, remove=[thread_key])
         if code == 0:
             return Claimed(owner=text(owner))
-        return Claimed(empty=code == 2)
+        due = float(text(left)) / 1000 if code == 2 and as_int(left) else None
+        return Claimed(empty=code == 2, next_due=due)
 
     async def release_if_idle(self, thread_key: str, owner: str, runtime_id: str) -> bool:
         [released] = await self._run("release", thread_key, [owner],
