@@ -265,6 +265,12 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             raise ClosedError("enter the runtime first: `async with SignalRuntime(...) as runtime`")
         return self._tg
 
+    @property
+    def inbox(self) -> KitStore:
+        """The runtime's view of its inbox (:class:`~signals.kit.KitStore`: ``core``,
+        ``inbox_pending_count(thread_key)``, ...), once entered (else ``ClosedError``)."""
+        return self._kit_open()
+
     def _kit_open(self) -> KitStore:
         self._require_open()
         assert self._kit is not None

@@ -182,6 +182,33 @@ class Telemetry:
             span.end()
         handle.detach()
 
+    @contextlib.contextmanager
+    def server_span(self, headers: Any, method: str, route: str) -> Any:
+        """A SERVER span for one HTTP request, continuing the caller's ``traceparent``, current
+        while the request is handled; yields the headers that carry it back (``traceparent``)
+        for the response (empty when tracing is off)."""
+        tracer = self.tracer()
+        if tracer is None:
+            yield {}
+            return
+        parent = otel_propagate.extract(dict(headers))
+        span = tracer.start_span(f"{method} {route}", context=parent,
+                                 kind=otel_trace.SpanKind.SERVER,
+                                 attributes={"http.request.method": method, "http.route": route})
+        token = otel_context.attach(otel_trace.set_span_in_context(span))
+        out: dict[str, str] = {}
+        otel_propagate.inject(out)
+        try:
+            yield out
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, str(exc)))
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                otel_context.detach(token)
+            span.end()
+
     @staticmethod
     def event(name: str, **attributes: Any) -> None:
         """An event on the current span (a run's lease lost, an interrupt, a dead letter)."""

@@ -262,3 +262,39 @@ def test_the_openapi_document_holds_under_schemathesis(redis_url: str, key_prefi
         server.terminate()
         _, err = server.communicate(timeout=30)
     assert "Traceback" not in err, err
+
+
+def test_http_requests_carry_trace_context_in_and_out() -> None:
+    code = SDK + textwrap.dedent("""
+        import json, anyio, httpx
+        from pubsub import InMemoryPubSub
+        from signals import Run, SignalRuntime
+        from signals.http import create_app
+        TRACE = "0af7651916cd43dd8448eb211c80319c"
+        async def agent(run: Run) -> None:
+            async for s in run:
+                await run.ack(s)
+        async def main():
+            async with InMemoryPubSub() as ps, SignalRuntime(pubsub=ps, agent=agent) as rt:
+                app = create_app(rt)
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                             base_url="http://127.0.0.1") as client:
+                    parent = f"00-{TRACE}-b7ad6b7169203331-01"
+                    r = await client.post("/threads/t/signals", json={"payload": 1, "id": "h1"},
+                                          headers={"traceparent": parent})
+                await rt.wait_idle()
+            print(json.dumps({"status": r.status_code, "out": r.headers.get("traceparent"),
+                              "spans": spans()}))
+        anyio.run(main)
+    """)
+    result = run_script(code)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    assert out["status"] == 200 and out["out"].split("-")[1] == trace_id
+    by_name = {s["name"]: s for s in out["spans"]}
+    server = by_name["POST /threads/{key}/signals"]
+    assert server["kind"] == "SERVER" and server["trace"] == trace_id
+    assert server["parent"] == "b7ad6b7169203331"  # the caller's span
+    assert by_name["send signals.thread"]["parent"] == server["span"]
+    assert by_name["process signals.thread"]["trace"] == trace_id

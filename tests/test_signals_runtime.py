@@ -652,3 +652,23 @@ async def test_leaving_does_not_wait_for_idle_runs_to_time_out() -> None:
         await anyio.sleep(0.1)  # the run got "a" and now waits for the next signal
     assert ended.is_set() and got == ["a"]
     assert anyio.current_time() - started < 5
+
+
+async def test_the_inbox_counts_pending_signals_and_a_peek_commits_nothing() -> None:
+    counts: list[int] = []
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            await run.next_signal(timeout=0)  # peek while still working on this one
+            counts.append(await runtime.inbox.inbox_pending_count(run.thread_key))
+            await run.ack(signal)
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent, **parts()
+    ) as runtime:
+        await runtime.send("t", "first")
+        await runtime.wait_idle()
+        assert await runtime.inbox.inbox_pending_count("t") == 0
+    assert counts == [1]
+    with pytest.raises(ClosedError):
+        _ = runtime.inbox

@@ -46,6 +46,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from _signal_leases.validation import check_seconds
 from signals._model import Signal
+from signals._telemetry import Telemetry
 from signals.http._auth import Action, Authorize, check_access
 from signals.http._common import (
     HTTPError,
@@ -222,6 +223,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 # -- routing ---------------------------------------------------------------------------------
 
+_TEMPLATES = {"signals": "/threads/{key}/signals", "stream": "/threads/{key}/stream",
+              "abort": "/threads/{key}/abort", "pause": "/threads/{key}/pause",
+              "resume": "/threads/{key}/resume", "signal": "/threads/{key}/signals/{id}",
+              "thread": "/threads/{key}"}
 _TAILS = frozenset({"signals", "stream", "abort", "pause", "resume"})
 _CURSOR = re.compile(r"\d+(-\d+)?")  # the cursors of the built-in stores (as in the CLI)
 
@@ -264,6 +269,7 @@ class _Api:
         self.heartbeat = heartbeat
         self.max_wait = max_wait
         self.streams = StreamRegistry()
+        self.telemetry = Telemetry()
         # The largest body read before parsing: twice the signal limit (JSON spacing and
         # escapes differ from the stored form); the runtime then checks the exact size.
         self.body_limit = max(2 * runtime.max_signal_bytes, 64 * 1024)
@@ -281,9 +287,15 @@ class _Api:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         try:
-            response = await self.handle(request)
-        except HTTPError as exc:
-            response = exc.response()
+            route = _TEMPLATES.get(_route(scope)[0], "/threads/{key}")
+        except HTTPError:
+            route = "/threads/{rest}"
+        with self.telemetry.server_span(request.headers, request.method, route) as headers:
+            try:
+                response = await self.handle(request)
+            except HTTPError as exc:
+                response = exc.response()
+        response.headers.update(headers)  # traceparent out, when tracing is on
         await response(scope, receive, send)
 
     async def handle(self, request: Request) -> Any:

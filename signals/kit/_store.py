@@ -76,6 +76,10 @@ class KitStore:
         self.streams: Any = c if self.native_streams else PubSubStreams(pubsub, prefix)
         self.registry: Any = c if has(core, *_REGISTRY) else LeaseRegistry(leases)
 
+    async def inbox_pending_count(self, thread_key: str) -> int:
+        """Signals of ``thread_key`` accepted and not yet acknowledged (one ``describe``)."""
+        return (await self.core.describe([thread_key]))[thread_key].pending
+
     # -- routing ----------------------------------------------------------------------------
 
     def _claim(self) -> Claim:

@@ -31,11 +31,11 @@ from _signal_leases.redis_support import (
     text,
 )
 from _signal_leases.validation import check_int, check_str
-from signals._backends.redis.lua import (
+from signals._backends.redis.lua import KEY_NAMES
+from signals._backends.redis.lua_calls import (
     ABORT,
     ACCEPT,
     CLAIM,
-    KEY_NAMES,
     LOOK_AT,
     PAUSE,
     RELEASE_IF_IDLE,
