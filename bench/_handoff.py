@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import anyio.to_thread
 from pubsub import PubSub
 from signals import Run, Signal, SignalRuntime
 
-__all__ = ["routed_round", "serve_worker", "spawn", "wait_ready"]
+__all__ = ["compare_handoffs", "routed_round", "serve_worker", "spawn", "wait_ready"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,3 +84,32 @@ async def routed_round(child: subprocess.Popen[str], make_pubsub: Callable[[], A
     result = json.loads(await anyio.to_thread.run_sync(child.stdout.readline))
     child.wait()
     return {"rate": n / (result["done"] - start), "lat": result["lat"]}
+
+
+async def compare_handoffs(
+    raw_round: Callable[[int], float], routed: Callable[..., Awaitable[dict[str, Any]]], *,
+    rounds: int, signals: int, latency_signals: int, raw_label: str, ours_label: str,
+) -> None:
+    """Interleaved rounds of ``raw_round(n)`` (in a worker thread) and ``routed(n)``, then
+    ``routed(n, gap=0.02, mode="latency")``; prints the rates, their ratio and the latency."""
+    raw: list[float] = []
+    ours: list[float] = []
+    for r in range(rounds):
+        order = ("raw", "ours") if r % 2 == 0 else ("ours", "raw")
+        for which in order:
+            if which == "raw":
+                raw.append(await anyio.to_thread.run_sync(raw_round, signals))
+            else:
+                ours.append((await routed(signals))["rate"])
+    lat = (await routed(latency_signals, gap=0.02, mode="latency"))["lat"]
+    lat_ms = sorted(x * 1000 for x in lat)
+    r_raw, r_ours = statistics.median(raw), statistics.median(ours)
+    width = max(len(raw_label), len(ours_label)) + 1
+    print(f"throughput, one thread across two processes ({signals} signals, "
+          f"{rounds} rounds, medians):")
+    print(f"  {raw_label + ':':{width}} {r_raw:8.0f}/s  (rounds {[round(x) for x in raw]})")
+    print(f"  {ours_label + ':':{width}} {r_ours:8.0f}/s  (rounds {[round(x) for x in ours]})")
+    print(f"  ratio ours/raw: x{r_ours / r_raw:.2f}  (goal >= 0.5)")
+    print(f"latency send -> agent across processes ({len(lat_ms)} signals, 20 ms apart): "
+          f"p50 {statistics.median(lat_ms):.2f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99) - 1]:.2f} "
+          f"ms (goal p50 <= 5 ms)")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
 import sys
 import time
 import uuid
@@ -33,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 import psycopg
 
+from bench._handoff import compare_handoffs, serve_worker, spawn, wait_ready
 from bench._handoff import routed_round as handoff_round
-from bench._handoff import serve_worker, spawn, wait_ready
 from pubsub import PostgresPubSub
 from signals import Run, SignalRuntime
 
@@ -148,28 +147,13 @@ async def idle_cost(dsn: str, threads: int, window_s: float) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace, dsn: str) -> None:
     logging.disable(logging.CRITICAL)
-    raw: list[float] = []
-    ours: list[float] = []
-    for r in range(args.rounds):
-        order = ("raw", "ours") if r % 2 == 0 else ("ours", "raw")
-        for which in order:
-            if which == "raw":
-                raw.append(await anyio.to_thread.run_sync(raw_round, dsn, args.signals))
-            else:
-                ours.append((await routed_round(dsn, args.signals))["rate"])
-    lat = (await routed_round(dsn, args.latency_signals, gap=0.02, mode="latency"))["lat"]
-    lat_ms = sorted(x * 1000 for x in lat)
-    r_raw, r_ours = statistics.median(raw), statistics.median(ours)
-    print(f"throughput, one thread across two processes ({args.signals} signals, "
-          f"{args.rounds} rounds, medians):")
-    print(f"  raw psycopg INSERT + NOTIFY -> LISTEN -> SELECT + DELETE: {r_raw:8.0f}/s  "
-          f"(rounds {[round(x) for x in raw]})")
-    print(f"  routed signals (PostgresPubSub):                        {r_ours:8.0f}/s  "
-          f"(rounds {[round(x) for x in ours]})")
-    print(f"  ratio ours/raw: x{r_ours / r_raw:.2f}  (goal >= 0.5)")
-    print(f"latency send -> agent across processes ({len(lat_ms)} signals, 20 ms apart): "
-          f"p50 {statistics.median(lat_ms):.2f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99) - 1]:.2f} "
-          f"ms (goal p50 <= 5 ms)")
+    await compare_handoffs(
+        lambda n: raw_round(dsn, n),
+        lambda n, **kw: routed_round(dsn, n, **kw),
+        rounds=args.rounds, signals=args.signals, latency_signals=args.latency_signals,
+        raw_label="raw psycopg INSERT + NOTIFY -> LISTEN -> SELECT + DELETE",
+        ours_label="routed signals (PostgresPubSub)",
+    )
     for k in (int(x) for x in args.ks.split(",")):
         idle = await idle_cost(dsn, k, args.window)
         print(f"idle cost: {k} active threads in one process: "

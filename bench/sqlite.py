@@ -24,7 +24,6 @@ import logging
 import os
 import socket
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
@@ -35,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio
 
+from bench._handoff import compare_handoffs, serve_worker, spawn, wait_ready
 from bench._handoff import routed_round as handoff_round
-from bench._handoff import serve_worker, spawn, wait_ready
 from pubsub import SQLitePubSub
 from signals import Run, SignalRuntime
 
@@ -154,29 +153,14 @@ async def idle_cost(workdir: str, threads: int, window_s: float) -> dict[str, An
 async def main(args: argparse.Namespace) -> None:
     logging.disable(logging.CRITICAL)
     workdir = tempfile.mkdtemp(prefix="bench-sqlite-")
-    raw: list[float] = []
-    ours: list[float] = []
-    for r in range(args.rounds):
-        order = ("raw", "ours") if r % 2 == 0 else ("ours", "raw")
-        for which in order:
-            if which == "raw":
-                raw.append(await anyio.to_thread.run_sync(raw_round, workdir, args.signals))
-            else:
-                ours.append((await routed_round(workdir, args.signals))["rate"])
-    lat = (await routed_round(workdir, args.latency_signals, gap=0.02, mode="latency"))["lat"]
-    lat_ms = sorted(x * 1000 for x in lat)
+    await compare_handoffs(
+        lambda n: raw_round(workdir, n),
+        lambda n, **kw: routed_round(workdir, n, **kw),
+        rounds=args.rounds, signals=args.signals, latency_signals=args.latency_signals,
+        raw_label="raw sqlite3 insert + select + delete",
+        ours_label="routed signals (SQLitePubSub)",
+    )
     idle = await idle_cost(workdir, args.threads, args.window)
-    r_raw, r_ours = statistics.median(raw), statistics.median(ours)
-    print(f"throughput, one thread across two processes ({args.signals} signals, "
-          f"{args.rounds} rounds, medians):")
-    print(f"  raw sqlite3 insert + select + delete: {r_raw:8.0f}/s  "
-          f"(rounds {[round(x) for x in raw]})")
-    print(f"  routed signals (SQLitePubSub):       {r_ours:8.0f}/s  "
-          f"(rounds {[round(x) for x in ours]})")
-    print(f"  ratio ours/raw: x{r_ours / r_raw:.2f}  (goal >= 0.5)")
-    print(f"latency send -> agent across processes ({len(lat_ms)} signals, 20 ms apart): "
-          f"p50 {statistics.median(lat_ms):.2f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99) - 1]:.2f} "
-          f"ms (goal p50 <= 5 ms)")
     print(f"idle cost: {idle['threads']} active threads in one process: "
           f"{idle['statements_per_s']:.1f} statements/s (goal <= ~20); setup "
           f"{idle['setup_s']:.1f} s")
