@@ -91,9 +91,12 @@ class EventStream:
         self._parts = parts
         self._heartbeat = heartbeat
         self._registry = registry
+        self.headers: dict[str, str] = {}  # extra response headers (a traceparent), as Starlette's
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                 for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS + extra})
         lock = anyio.Lock()  # the pump and the heartbeat never interleave their writes
         gone = False
 
