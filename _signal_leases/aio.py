@@ -19,6 +19,7 @@ from _signal_leases.errors import BackendUnavailableError, UnsupportedBackendErr
 __all__ = [
     "WakeQueue",
     "current_async_library",
+    "loop_time",
     "owned_task_group",
     "require_asyncio",
     "retry_unavailable",
@@ -29,12 +30,39 @@ T = TypeVar("T")
 
 
 _UNIX_BASE: RunVar[float] = RunVar("signals_unix_base")
+_get_running_loop = asyncio._get_running_loop  # None outside a loop, where get_ raises
+
+
+class _LoopBase:
+    """The last asyncio loop's Unix-time base, by the loop's id (one entry, no reference that
+    keeps a closed loop alive: another loop recomputes it)."""
+
+    loop = 0
+    base = 0.0
+
+
+_LAST = _LoopBase()
+
+
+def loop_time() -> float:
+    """:func:`anyio.current_time` (the event loop's clock), without anyio's per-call lookup of
+    the running library on asyncio (a hot path: several calls per signal)."""
+    loop = _get_running_loop()
+    if loop is not None:
+        return loop.time()
+    return anyio.current_time()
 
 
 def unix_now() -> float:
     """Unix time in seconds that moves with the event loop's clock: ``time.time()`` on a real
     clock (but monotonic), virtual time under a mock clock (trio's ``MockClock``), so time-based
     rules can be tested without waiting. Inside a running event loop only."""
+    loop = _get_running_loop()
+    if loop is not None:  # asyncio: no mock clock in anyio; the loop's own clock
+        last = _LAST
+        if last.loop != id(loop):
+            last.base, last.loop = time.time() - loop.time(), id(loop)
+        return last.base + loop.time()
     try:
         base = _UNIX_BASE.get()
     except LookupError:

@@ -12,15 +12,16 @@ itself:
   to stderr); ``logging.basicConfig(level=logging.INFO)`` shows every event. The message is
   ``<event> key=value ...``, and the record carries the whole event as ``record.event_dict``.
 
-A disabled level costs one ``isEnabledFor`` check: nothing is formatted.
+A disabled level costs one ``isEnabledFor`` check: nothing is formatted. structlog is never
+imported here: an application that configured it has imported it (a serverless sender that did
+not pays nothing for it at start-up).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Literal
-
-import structlog
 
 __all__ = ["Layer", "Logger", "get_logger"]
 
@@ -42,7 +43,8 @@ class Logger:
         return Logger(self._name, {**self._context, **keys})
 
     def _emit(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
-        if structlog.is_configured():
+        structlog = sys.modules.get("structlog")  # configured only if the application did
+        if structlog is not None and structlog.is_configured():
             getattr(structlog.get_logger(self._name), method)(event, **self._context, **fields)
             return
         stdlib = logging.getLogger(self._name)

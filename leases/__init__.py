@@ -10,6 +10,8 @@ number of leases of one process with one renewal per interval. The errors are th
 tree (``_signal_leases.errors``), re-exported here.
 """
 
+from typing import TYPE_CHECKING
+
 from _signal_leases.errors import (
     BackendError,
     BackendPermanentError,
@@ -20,11 +22,7 @@ from _signal_leases.errors import (
     SignalsError,
     UnsupportedBackendError,
 )
-from leases._backends.memory import InMemoryLeaseProvider
-from leases._backends.postgres import PostgresLeaseProvider
-from leases._backends.redis.provider import RedisLeaseProvider
-from leases._backends.sql import SQLLeaseProvider
-from leases._backends.sqlite import SQLiteLeaseProvider
+from _signal_leases.lazy import lazy_exports
 from leases._contract import (
     AcquireResult,
     BatchRenewer,
@@ -38,6 +36,22 @@ from leases._heartbeat import HeldLease, LeaseHeartbeat, safety_margin_ms
 from leases._info import LeaseInfo
 from leases._keeper import LeaseKeeper
 from leases._noop import NoopLeaseProvider, resolve_lease_provider
+
+if TYPE_CHECKING:
+    from leases._backends.memory import InMemoryLeaseProvider
+    from leases._backends.postgres import PostgresLeaseProvider
+    from leases._backends.redis.provider import RedisLeaseProvider
+    from leases._backends.sql import SQLLeaseProvider
+    from leases._backends.sqlite import SQLiteLeaseProvider
+
+# The backends are imported on first use (docs/performance.md: a sender's start-up).
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "InMemoryLeaseProvider": "leases._backends.memory",
+    "PostgresLeaseProvider": "leases._backends.postgres",
+    "RedisLeaseProvider": "leases._backends.redis.provider",
+    "SQLLeaseProvider": "leases._backends.sql",
+    "SQLiteLeaseProvider": "leases._backends.sqlite",
+})
 
 __all__ = [
     "AcquireResult",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio import AsyncContextManagerMixin
 
-from _signal_leases.aio import owned_task_group
+from _signal_leases.aio import loop_time, owned_task_group
 from _signal_leases.errors import ClosedError
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import check_int
@@ -100,7 +100,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
     async def __asynccontextmanager__(self) -> AsyncGenerator[LeaseHeartbeat]:
         if self._use_sessions:
             await self._open_session()
-        self._next_renew = anyio.current_time() + self.renew_interval_ms / 1000
+        self._next_renew = loop_time() + self.renew_interval_ms / 1000
         self._open = True
         try:
             async with owned_task_group() as tg:
@@ -148,7 +148,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         self._require_open()
         for _ in range(2):
             session = self.session
-            sent_at = anyio.current_time()
+            sent_at = loop_time()
             if session is not None:
                 result = await self.provider.acquire_lease(  # type: ignore[call-arg]
                     key, owner, self.ttl_ms, session=session
@@ -209,7 +209,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         then marked lost).
         """
         check_owner(to_owner, "to_owner")
-        sent_at = anyio.current_time()
+        sent_at = loop_time()
         ok = await self.provider.transfer_lease(lease.key, lease.owner, to_owner, self.ttl_ms)
         self.forget(lease)
         if not ok:
@@ -249,7 +249,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
             self._lose(lease, reason)
 
     async def _open_session(self) -> None:
-        sent_at = anyio.current_time()
+        sent_at = loop_time()
         session = await self.provider.open_lease_session(self.ttl_ms)  # type: ignore[attr-defined]
         if session is None:  # not available in this configuration: renew per key
             self._use_sessions = False
@@ -276,12 +276,12 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
             self._wakeup = anyio.Event()
             with anyio.move_on_at(wake_at):
                 await self._wakeup.wait()
-            now = anyio.current_time()
+            now = loop_time()
             self._expire_overdue(now)
             if now < self._next_renew:
                 continue
             ok = await self._renew_all()
-            now = anyio.current_time()
+            now = loop_time()
             self._next_renew = now + (self.renew_interval_ms / 1000 if ok else self._retry_s)
 
     async def _renew_all(self) -> bool:
@@ -302,7 +302,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         return await self._renew_each(list(self._held.values()))
 
     async def _renew_session(self, session: str) -> bool:
-        sent_at = anyio.current_time()
+        sent_at = loop_time()
         ok: bool | None = None
         with anyio.move_on_at(self._book.session_deadline):
             try:
@@ -315,7 +315,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         if session != self.session:
             return True
         if ok is None:
-            self._expire_overdue(anyio.current_time())
+            self._expire_overdue(loop_time())
             return False
         if not ok:
             self._session_lost("session expired")
@@ -324,7 +324,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
         return True
 
     async def _renew_batch(self, leases: list[HeldLease]) -> bool:
-        sent_at = anyio.current_time()
+        sent_at = loop_time()
         kept: set[str] | None = None
         with anyio.move_on_at(min(lease.deadline for lease in leases)):
             try:
@@ -354,7 +354,7 @@ class LeaseHeartbeat(AsyncContextManagerMixin):
             async with limiter:
                 if self._held.get(lease.key) is not lease:
                     return
-                sent_at = anyio.current_time()
+                sent_at = loop_time()
                 ok: bool | None = None
                 with anyio.move_on_at(lease.deadline):
                     try:

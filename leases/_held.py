@@ -67,7 +67,7 @@ class HeldLease:
 
     @property
     def deadline(self) -> float:
-        """The local expiry estimate (``anyio.current_time()`` scale): the session's, for a
+        """The local expiry estimate (``loop_time()`` scale): the session's, for a
         lease held in a session."""
         return self._book.session_deadline if self.in_session else self._deadline
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio import AsyncContextManagerMixin
 
-from _signal_leases.aio import owned_task_group
+from _signal_leases.aio import loop_time, owned_task_group
 from _signal_leases.errors import LeaseNotAcquiredError
 from _signal_leases.logs import get_logger
 from leases._held import safety_margin_ms
@@ -87,7 +87,7 @@ class LeaseKeeper(AsyncContextManagerMixin):
 
     @property
     def deadline(self) -> float | None:
-        """The local expiry estimate (``anyio.current_time()`` scale), ``None`` when not held."""
+        """The local expiry estimate (``loop_time()`` scale), ``None`` when not held."""
         return None if self._scope is None else self._scope.deadline
 
     def _deadline_after(self, sent_at: float) -> float:
@@ -98,7 +98,7 @@ class LeaseKeeper(AsyncContextManagerMixin):
         if self._entered:
             raise RuntimeError("a LeaseKeeper can be entered only once")
         self._entered = True
-        sent_at = anyio.current_time()
+        sent_at = loop_time()
         result = await self.provider.acquire_lease(self.key, self.owner, self.ttl_ms)
         if not result.acquired:
             raise LeaseNotAcquiredError(self.key, result.owner)
@@ -117,7 +117,7 @@ class LeaseKeeper(AsyncContextManagerMixin):
                     finally:
                         self._body_active = False
         finally:
-            if not self.lost and (scope.cancel_called or anyio.current_time() >= scope.deadline):
+            if not self.lost and (scope.cancel_called or loop_time() >= scope.deadline):
                 # The deadline fired, or the body ran past it without a checkpoint.
                 self._mark_lost("renew deadline passed")
             if self.release_on_exit and not self.lost:
@@ -137,7 +137,7 @@ class LeaseKeeper(AsyncContextManagerMixin):
         next_at = self._acquired_at + self.renew_interval_ms / 1000
         while True:
             await anyio.sleep_until(min(next_at, scope.deadline))
-            sent_at = anyio.current_time()
+            sent_at = loop_time()
             remaining = scope.deadline - sent_at
             if remaining <= 0:
                 self._mark_lost("renew deadline passed")
@@ -163,7 +163,7 @@ class LeaseKeeper(AsyncContextManagerMixin):
                 self._mark_lost("renew rejected")
                 return
             else:
-                next_at = anyio.current_time() + self._retry_s
+                next_at = loop_time() + self._retry_s
 
     async def _release(self) -> None:
         with anyio.move_on_after(RELEASE_TIMEOUT_S, shield=True) as bound:

@@ -9,6 +9,8 @@ processes of one host) and :class:`SQLPubSub` (any SQL database of the backend k
 to ``get_lease_provider()``). ``pubsub.testing`` holds a conformance suite for your own backend.
 """
 
+from typing import TYPE_CHECKING
+
 from _signal_leases.errors import (
     BackendError,
     BackendPermanentError,
@@ -18,11 +20,7 @@ from _signal_leases.errors import (
     SignalsError,
     UnsupportedBackendError,
 )
-from pubsub._backends.memory import InMemoryPubSub
-from pubsub._backends.postgres import PostgresPubSub
-from pubsub._backends.redis.streams import RedisStreamsPubSub
-from pubsub._backends.sql.pubsub import Doorbell, SQLPubSub
-from pubsub._backends.sqlite import SQLitePubSub
+from _signal_leases.lazy import lazy_exports
 from pubsub._base import PubSubBase
 from pubsub._contract import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
@@ -35,6 +33,23 @@ from pubsub._contract import (
     is_pubsub,
 )
 from pubsub._leased import LeasedPubSub
+
+if TYPE_CHECKING:
+    from pubsub._backends.memory import InMemoryPubSub
+    from pubsub._backends.postgres import PostgresPubSub
+    from pubsub._backends.redis.streams import RedisStreamsPubSub
+    from pubsub._backends.sql.pubsub import Doorbell, SQLPubSub
+    from pubsub._backends.sqlite import SQLitePubSub
+
+# The backends are imported on first use (docs/performance.md: a sender's start-up).
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "InMemoryPubSub": "pubsub._backends.memory",
+    "PostgresPubSub": "pubsub._backends.postgres",
+    "RedisStreamsPubSub": "pubsub._backends.redis.streams",
+    "Doorbell": "pubsub._backends.sql.pubsub",
+    "SQLPubSub": "pubsub._backends.sql.pubsub",
+    "SQLitePubSub": "pubsub._backends.sqlite",
+})
 
 __all__ = [
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",

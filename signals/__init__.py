@@ -23,8 +23,8 @@ from _signal_leases.errors import (
     UnknownSignalError,
     UnsupportedBackendError,
 )
+from _signal_leases.lazy import lazy_exports
 from signals import _pubsub_guard  # noqa: F401  (a clear ImportError if `pubsub` is not ours)
-from signals._backends.memory.store import InMemorySignalStore
 from signals._model import (
     DEFAULT_MAX_SIGNAL_BYTES,
     MAX_PRIORITY,
@@ -46,6 +46,7 @@ from signals._schedules import CatchUp, Schedule
 from signals.kit._core import DeadLetter, Overflow, SignalCore, is_signal_core
 
 if TYPE_CHECKING:
+    from signals._backends.memory.store import InMemorySignalStore
     from signals._backends.redis.store import RedisSignalStore
 
 __all__ = [
@@ -89,11 +90,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """The backends that need a driver are imported on first use (a sender that never touches
-    them does not pay for their import)."""
-    if name == "RedisSignalStore":
-        from signals._backends.redis.store import RedisSignalStore
-
-        return RedisSignalStore
-    raise AttributeError(f"module 'signals' has no attribute {name!r}")
+# The backends are imported on first use (docs/performance.md: a sender's start-up).
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "InMemorySignalStore": "signals._backends.memory.store",
+    "RedisSignalStore": "signals._backends.redis.store",
+})

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import anyio
 
-from _signal_leases.aio import retry_unavailable
+from _signal_leases.aio import loop_time, retry_unavailable
 from _signal_leases.logs import get_logger
 from signals._run import Doorbell, Reducer, Run, RunInfo
 from signals._telemetry import Telemetry
@@ -72,8 +72,10 @@ class ChainSettings:
 class Chain:
     """The active runs of one thread in this process (see the module docstring)."""
 
-    def __init__(self, settings: ChainSettings, lease: HeldLease) -> None:
+    def __init__(self, settings: ChainSettings, lease: HeldLease, *,
+                 taken_over: bool = False) -> None:
         self.settings = settings
+        self.taken_over = taken_over  # claimed by recovery: its first run's metrics say so
         self.thread_key = lease.key
         self.lease = lease
         self.doorbell = Doorbell()
@@ -186,6 +188,7 @@ class Chain:
         self._log().warning("signal.dead_lettered", signal_id=signal_id,
                             attempts=self.settings.max_attempts)
         Telemetry.event("signal.dead_lettered", signal_id=signal_id, thread_key=self.thread_key)
+        Telemetry.count("dead_letters")
 
     async def _one_run(self) -> tuple[RunEnd, bool]:
         s = self.settings
@@ -198,7 +201,7 @@ class Chain:
             store=s.store, doorbell=self.doorbell, idle_wait_s=s.idle_wait_s,
             max_attempts=s.max_attempts, max_bytes=s.max_bytes, reducers=s.reducers,
             on_dead_letter=self._dead_lettered, on_fenced=self._fenced, on_tick=s.on_tick,
-            telemetry=s.telemetry,
+            telemetry=s.telemetry, taken_over=self.taken_over and self.runs == 1,
         )
         run.interrupted = interrupted
         if self._winding_down:
@@ -209,17 +212,22 @@ class Chain:
         end: RunEnd = "finished"
         error: str | None = None
         exc_type = ""
-        with lease.guard() as scope:
-            if s.run_timeout_s is not None:
-                scope.deadline = anyio.current_time() + s.run_timeout_s
-            try:
-                await self._part(run, "run.started",
-                                 {"runs": self.runs, "interrupted": interrupted})
-                await run.prime()
-                await s.agent(run)
-                await run.ack_all()
-            except Exception as exc:
-                end, error, exc_type = "failed", f"{type(exc).__name__}: {exc}", type(exc).__name__
+        Telemetry.count("active_runs")
+        try:
+            with lease.guard() as scope:
+                if s.run_timeout_s is not None:
+                    scope.deadline = loop_time() + s.run_timeout_s
+                try:
+                    await self._part(run, "run.started",
+                                     {"runs": self.runs, "interrupted": interrupted})
+                    await run.prime()
+                    await s.agent(run)
+                    await run.ack_all()
+                except Exception as exc:
+                    exc_type = type(exc).__name__
+                    end, error = "failed", f"{exc_type}: {exc}"
+        finally:
+            Telemetry.count("active_runs", -1)
         run.ended = True  # from now on, what a notice carries to it is settled by the chain
         if scope.cancelled_caught or (scope.cancel_called and end == "finished" and run.unacked):
             end = "cancelled"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from _signal_leases.aio import unix_now
+from _signal_leases.aio import loop_time, unix_now
 
 if TYPE_CHECKING:
     from _signal_leases.aio import WakeQueue
@@ -53,7 +53,7 @@ class RecoveryMixin:
     def _poke(self) -> None:
         raise NotImplementedError
 
-    def _start_chain(self, lease: Any) -> None:
+    def _start_chain(self, lease: Any, *, taken_over: bool = False) -> None:
         raise NotImplementedError
 
     def _kit_open(self) -> KitStore:
@@ -72,12 +72,12 @@ class RecoveryMixin:
         """The next due time on the event loop's clock (``inf``: none)."""
         if self._next_due is None:
             return float("inf")
-        return anyio.current_time() + max(0.0, self._next_due - unix_now())
+        return loop_time() + max(0.0, self._next_due - unix_now())
 
     async def _recovery_loop(self) -> None:
         presence_s = self.lease_ttl_ms / 3000
         recover_s = self.recover_interval_ms / 1000
-        now = anyio.current_time()
+        now = loop_time()
         next_presence, next_recover = now + presence_s, now + recover_s
         while True:
             item: str | bool | None = False
@@ -92,7 +92,7 @@ class RecoveryMixin:
                     self._lost.discard(thread_key)
                 if isinstance(item, str) and item != _TIMER:
                     await self._try_claim(item)
-                now = anyio.current_time()
+                now = loop_time()
                 if now >= next_presence:
                     next_presence = now + presence_s
                     await self._keep_presence()
@@ -143,7 +143,7 @@ class RecoveryMixin:
                 return False
             self._log.info("signals.recovered", key=thread_key, run_id=lease.owner,
                            owner=lease.owner, token=lease.token)
-            self._start_chain(lease)
+            self._start_chain(lease, taken_over=True)
             return True
         finally:
             self._starting.discard(thread_key)

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from _signal_leases.errors import ConfigurationError
 from leases import (
-    InMemoryLeaseProvider,
     LeaseProvider,
     NoopLeaseProvider,
     is_lease_provider,
@@ -121,6 +120,8 @@ def resolve_core(pubsub: object, leases: LeaseProvider) -> SignalCore:
             pubsub, f"signals.store:{id(fused)}",
             lambda: RedisSignalStore(client=client, key_prefix=f"{prefix}:signals", leases=fused),
         )
+    from leases import InMemoryLeaseProvider  # here: a Redis sender never imports it
+
     if isinstance(leases, NoopLeaseProvider | InMemoryLeaseProvider):
         from signals._backends.memory.store import InMemorySignalStore
 

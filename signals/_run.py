@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from _signal_leases.aio import retry_unavailable, unix_now
+from _signal_leases.aio import loop_time, retry_unavailable, unix_now
 from _signal_leases.validation import check_str
 from signals._model import Signal, encode_json
 from signals._schedules import TICK_PREFIX
@@ -152,8 +152,10 @@ class Run:
         on_fenced: Callable[[], None] | None = None,
         on_tick: Callable[[str, Signal], Awaitable[bool]] | None = None,
         telemetry: Telemetry | None = None,
+        taken_over: bool = False,
     ) -> None:
         self.run_id = run_id
+        self._taken_over = taken_over
         self._telemetry = telemetry
         self._current: _Unit | None = None  # the hand-out whose span is the current one
         self.thread_key = thread_key
@@ -179,6 +181,7 @@ class Run:
         self._more = True  # the inbox may hold ready entries this run has not taken yet
         self._taking = False
         self._next_due: float | None = None
+        self._inbox_pending = 0  # the thread's unacknowledged entries, as of the last take
         self._paused = False  # the thread was paused: hand out nothing more
         self._winding_down = False  # the runtime is leaving: wait for nothing new
         self._carried: set[str] = set()  # carried to this run by a notice, left in the core
@@ -188,6 +191,13 @@ class Run:
     def consumed(self) -> int:
         """How many signals this run has handed to the agent."""
         return len(self.handed)
+
+    @property
+    def pending(self) -> int:
+        """The thread's signals not yet acknowledged, as of the run's last take (less what it
+        acknowledged since), or those it holds, whichever is more (the ``signals.pending``
+        gauge)."""
+        return max(len(self._buffer) + len(self._unacked), self._inbox_pending)
 
     @property
     def unacked(self) -> list[Signal]:
@@ -238,7 +248,7 @@ class Run:
             signal, self._primed = self._primed, None
             return signal
         wait_s = self._idle_wait_s if timeout is None else max(0.0, timeout)
-        deadline = anyio.current_time() + wait_s
+        deadline = loop_time() + wait_s
         while True:
             if self._paused:
                 return None
@@ -250,7 +260,7 @@ class Run:
             if self._more or self._doorbell.take():
                 await self._take()
                 continue
-            remaining = deadline - anyio.current_time()
+            remaining = deadline - loop_time()
             if remaining <= 0 or self._winding_down:
                 return None
             due = self._next_due
@@ -298,7 +308,8 @@ class Run:
         if self._telemetry is not None:
             self._leave_current()
             unit.span = self._telemetry.start_process(
-                self.thread_key, self.run_id, signal, [e.signal for e in entries])
+                self.thread_key, self.run_id, signal, [e.signal for e in entries],
+                taken_over=self._taken_over)
             self._current = unit
         self.handed.append(signal)
         return signal
@@ -370,6 +381,8 @@ class Run:
         self._more = taken.more
         self._paused = taken.paused
         self._next_due = taken.next_due
+        if taken.pending is not None:
+            self._inbox_pending = taken.pending
         entries = taken.entries
         if len(entries) > 1 or (entries and entries[0].signal.merge == "coalesce"
                                 and entries[0].signal.lane is not None):
@@ -422,10 +435,12 @@ class Run:
         acks = self._acks(unit, encoded)
         if self._more and not self._buffer and not self._grouped and not self._stopped:
             await self._take(acks)  # the next hand-out in the same call
-        elif not await retry_unavailable(
-            lambda: self._store.settle(self.thread_key, self._ref, acks=acks)
-        ):
-            await self._fenced()
+        else:
+            if not await retry_unavailable(
+                lambda: self._store.settle(self.thread_key, self._ref, acks=acks)
+            ):
+                await self._fenced()
+            self._inbox_pending = max(0, self._inbox_pending - len(acks))
         self._unacked.pop(signal_id, None)
         self._acked.add(signal_id)
         self._acked.update(e.signal.id for e in unit.entries)
@@ -447,6 +462,7 @@ class Run:
                 lambda: self._store.settle(self.thread_key, self._ref, acks=acks)
             ):
                 await self._fenced()
+            self._inbox_pending = max(0, self._inbox_pending - len(acks))
             self._acked.update(self._unacked)
             self._acked.update(a.signal_id for a in acks)
             for unit in self._unacked.values():

@@ -172,7 +172,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self._tg: TaskGroup | None = None
         self._kit: KitStore | None = None
         self._scheduler: Scheduler | None = None
-        self._telemetry = Telemetry()
+        self._telemetry = Telemetry(pending=self._pending_here)
         self._settings: ChainSettings | None = None
         self._closed = False
         self._run_seq = 0
@@ -401,6 +401,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             self._starting.discard(thread_key)
         accepted = routed.accepted
         if accepted.outcome == "duplicate":
+            self._telemetry.count("duplicates")
             log.info("signal.duplicate", owner=routed.owner,
                      status=accepted.receipt.status if accepted.receipt else None)
             return Delivery("discarded", signal.id, thread_key, routed.owner, duplicate=True,
@@ -532,10 +533,10 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self._run_seq += 1
         return f"{self.runtime_id}/{self._run_seq}-{uuid.uuid4().hex[:6]}"
 
-    def _start_chain(self, lease: Any) -> None:
+    def _start_chain(self, lease: Any, *, taken_over: bool = False) -> None:
         settings, tg = self._settings, self._tg
         assert settings is not None and tg is not None
-        chain = Chain(settings, lease)
+        chain = Chain(settings, lease, taken_over=taken_over)
         self._chains[lease.key] = chain
         tg.start_soon(chain.serve, self._chain_ended, name=f"signals thread {lease.key!r}")
 
@@ -552,9 +553,16 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             self._work.put(chain.thread_key)
         self._poke()
 
+    def _pending_here(self) -> int:
+        """Signals this process's runs hold and have not handed out (the ``signals.pending``
+        gauge; called from the metric reader's thread, so it copies before it iterates)."""
+        return sum(chain.run.pending for chain in list(self._chains.values())
+                   if chain.run is not None and not chain.run.ended)
+
     def _on_lease_lost(self, lease: Any) -> None:
         chain = self._chains.get(lease.key)
         if chain is not None and chain.lease is lease:
+            self._telemetry.count("leases_lost")
             self._log.warning("run.lease_lost", key=lease.key, run_id=lease.owner,
                               token=lease.token, reason=lease.lost_reason)
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,19 +33,27 @@ __all__ = ["DESTINATION", "Telemetry"]
 DESTINATION = "signals.thread"
 _SYSTEM = "signals"
 
-otel_context: Any
-otel_metrics: Any
-otel_propagate: Any
-otel_trace: Any
-try:  # the otel extra
-    from opentelemetry import context as otel_context
-    from opentelemetry import metrics as otel_metrics
-    from opentelemetry import propagate as otel_propagate
-    from opentelemetry import trace as otel_trace
+otel_context: Any = None
+otel_metrics: Any = None
+otel_propagate: Any = None
+otel_trace: Any = None
+HAVE_OTEL: bool | None = None  # the otel extra: None until first looked for
 
-    HAVE_OTEL = True
-except ImportError:  # exercised by the plain-install check
-    HAVE_OTEL = False
+
+def _have_otel() -> bool:
+    """Import the OpenTelemetry API on first use (not at ``import signals``: a sender that
+    never traces does not pay for it); ``False`` without the ``otel`` extra."""
+    global HAVE_OTEL, otel_context, otel_metrics, otel_propagate, otel_trace
+    if HAVE_OTEL is None:
+        try:
+            from opentelemetry import context, metrics, propagate, trace
+        except ImportError:  # exercised by the plain-install check
+            HAVE_OTEL = False
+        else:
+            otel_context, otel_metrics, otel_propagate, otel_trace = (
+                context, metrics, propagate, trace)
+            HAVE_OTEL = True
+    return HAVE_OTEL
 
 
 def _version() -> str:
@@ -55,8 +65,11 @@ def _version() -> str:
         return "0"
 
 
+_RECHECK_S = 1.0  # while no provider is set, look for one at most this often
+
+
 class _Instruments:
-    """The meters' instruments, made once per meter provider."""
+    """The meters' instruments, made once per process and meter provider."""
 
     def __init__(self, meter: Any) -> None:
         self.sent = meter.create_counter(
@@ -71,42 +84,116 @@ class _Instruments:
         self.process = meter.create_histogram(
             "messaging.process.duration", unit="s",
             description="From a signal's hand-out to the agent until its acknowledgement")
+        # The runtime's own (docs/operations.md has the table).
+        self.active_runs = meter.create_up_down_counter(
+            "signals.runs.active", unit="{run}", description="Runs of agents now active")
+        self.leases_lost = meter.create_counter(
+            "signals.leases.lost", unit="{lease}",
+            description="Leases lost by a holder (its run was cancelled)")
+        self.dead_letters = meter.create_counter(
+            "signals.dead_letters", unit="{signal}",
+            description="Signals dead-lettered after max_attempts hand-outs")
+        self.duplicates = meter.create_counter(
+            "signals.duplicates", unit="{signal}",
+            description="Sends refused as duplicates of an accepted signal id")
+        self.routing = meter.create_histogram(
+            "signals.routing.duration", unit="s",
+            description="From a signal's acceptance by send to its first hand-out")
+        self.takeover = meter.create_histogram(
+            "signals.takeover.duration", unit="s",
+            description="From a signal's acceptance to its hand-out again by a run that took "
+                        "the thread over from an owner that died or lost its lease")
+        meter.create_observable_gauge(
+            "signals.pending", callbacks=[_observe_pending], unit="{signal}",
+            description="Signals not yet acknowledged in the threads this process's runs hold")
 
 
-class Telemetry:
-    """One runtime's spans and metrics (no global state of its own: OpenTelemetry's global
-    providers, as the API intends)."""
+class _Providers:
+    """OpenTelemetry's global providers as this process last saw them, looked up at most
+    every ``_RECHECK_S`` while none is set (a provider is set once: then it never changes)."""
 
     def __init__(self) -> None:
-        self._tracer: Any = None
-        self._tracer_for: Any = None
-        self._instruments: _Instruments | None = None
-        self._meter_for: Any = None
+        self.tracer: Any = None
+        self.instruments: _Instruments | None = None
+        self._trace_at = 0.0
+        self._meter_at = 0.0
+        self.runtimes: weakref.WeakSet[Telemetry] = weakref.WeakSet()  # for the gauge
 
-    # -- whether anything is configured -----------------------------------------------------
-
-    def tracer(self) -> Any:
-        """The tracer, or ``None`` when no SDK provider is set (or no API installed)."""
-        if not HAVE_OTEL:
+    def get_tracer(self) -> Any:
+        if self.tracer is not None:
+            return self.tracer
+        now = time.monotonic()
+        if now < self._trace_at:
+            return None
+        self._trace_at = now + _RECHECK_S
+        if not _have_otel():
+            self._trace_at = float("inf")
             return None
         provider = otel_trace.get_tracer_provider()
         if isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider):
             return None
-        if provider is not self._tracer_for:
-            self._tracer = provider.get_tracer("signals", _version())
-            self._tracer_for = provider
-        return self._tracer
+        self.tracer = provider.get_tracer("signals", _version())
+        return self.tracer
 
-    def instruments(self) -> _Instruments | None:
-        if not HAVE_OTEL:
+    def get_instruments(self) -> _Instruments | None:
+        if self.instruments is not None:
+            return self.instruments
+        now = time.monotonic()
+        if now < self._meter_at:
+            return None
+        self._meter_at = now + _RECHECK_S
+        if not _have_otel():
+            self._meter_at = float("inf")
             return None
         provider = otel_metrics.get_meter_provider()
         if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider"):
             return None
-        if provider is not self._meter_for:
-            self._instruments = _Instruments(provider.get_meter("signals", _version()))
-            self._meter_for = provider
-        return self._instruments
+        self.instruments = _Instruments(provider.get_meter("signals", _version()))
+        return self.instruments
+
+
+_PROVIDERS = _Providers()
+
+
+def _observe_pending(options: Any) -> list[Any]:
+    total = sum(t.pending() for t in list(_PROVIDERS.runtimes))
+    return [otel_metrics.Observation(total)]
+
+
+class Telemetry:
+    """One runtime's spans and metrics. Its only process-wide state mirrors OpenTelemetry's
+    own global providers (and the one ``signals.pending`` gauge that sums this process's
+    runtimes)."""
+
+    def __init__(self, pending: Callable[[], int] | None = None) -> None:
+        self._pending = pending
+        if pending is not None:
+            _PROVIDERS.runtimes.add(self)
+
+    def pending(self) -> int:
+        return self._pending() if self._pending is not None else 0
+
+    # -- whether anything is configured -----------------------------------------------------
+
+    @staticmethod
+    def tracer() -> Any:
+        """The tracer, or ``None`` when no SDK provider is set (or no API installed)."""
+        return _PROVIDERS.get_tracer()
+
+    @staticmethod
+    def instruments() -> _Instruments | None:
+        """The instruments, or ``None`` when no SDK meter provider is set."""
+        return _PROVIDERS.get_instruments()
+
+    # -- the runtime's own metrics ----------------------------------------------------------
+
+    @staticmethod
+    def count(name: str, value: int = 1) -> None:
+        """Add ``value`` to the runtime counter ``name`` (``active_runs``, ``leases_lost``,
+        ``dead_letters``, ``duplicates``)."""
+        instruments = _PROVIDERS.get_instruments()
+        if instruments is not None:
+            getattr(instruments, name).add(value)
 
     # -- the producer side ------------------------------------------------------------------
 
@@ -126,10 +213,9 @@ class Telemetry:
                  error: BaseException | None) -> None:
         instruments = self.instruments()
         if instruments is not None:
-            attrs = {"messaging.system": _SYSTEM, "messaging.operation.name": "send",
-                     "messaging.destination.name": DESTINATION}
+            attrs = _SEND_ATTRS
             if error is not None:
-                attrs["error.type"] = type(error).__name__
+                attrs = {**attrs, "error.type": type(error).__name__}
             instruments.operation.record(time.perf_counter() - started, attrs)
             if outcome in _STORED:
                 instruments.sent.add(1, attrs)
@@ -144,12 +230,18 @@ class Telemetry:
     # -- the consumer side ------------------------------------------------------------------
 
     def start_process(self, thread_key: str, run_id: str, signal: Signal,
-                      parts: list[Signal]) -> Any:
+                      parts: list[Signal], *, taken_over: bool = False) -> Any:
         """A CONSUMER span for one hand-out (``parts``: the signals a folded one stands
-        for), made current in the calling task; ``None`` when tracing is off."""
+        for), made current in the calling task; ``None`` when tracing is off.
+        ``taken_over``: the run took the thread over from an owner that died or lost it."""
         instruments = self.instruments()
         if instruments is not None:
-            instruments.consumed.add(len(parts), _metric_attrs("process"))
+            instruments.consumed.add(len(parts), _PROCESS_ATTRS)
+            if signal.attempt == 1 or taken_over:
+                now = time.time()
+                histogram = instruments.routing if signal.attempt == 1 else instruments.takeover
+                for part in parts:
+                    histogram.record(max(0.0, now - part.created_at))
         tracer = self.tracer()
         if tracer is None:
             return _Timed(None, None) if instruments is not None else None
@@ -159,6 +251,9 @@ class Telemetry:
                   for c in contexts] if len(parts) > 1 else None)
         attrs = _attributes("process", "process", thread_key, signal)
         attrs["signals.run_id"] = run_id
+        attrs["signals.attempt"] = signal.attempt  # above 1: a retry
+        if taken_over:
+            attrs["signals.taken_over"] = True  # the run took the thread over
         if signal.folded:
             attrs["messaging.batch.message_count"] = len(parts)
         span = tracer.start_span(f"process {DESTINATION}", context=parent, links=links,
@@ -171,8 +266,9 @@ class Telemetry:
             return
         instruments = self.instruments()
         if instruments is not None:
-            attrs = _metric_attrs("process")
+            attrs = _PROCESS_ATTRS
             if error is not None:
+                attrs = dict(attrs)
                 attrs["error.type"] = error.partition(":")[0] or "error"
             instruments.process.record(time.perf_counter() - handle.started, attrs)
         span = handle.span
@@ -212,7 +308,7 @@ class Telemetry:
     @staticmethod
     def event(name: str, **attributes: Any) -> None:
         """An event on the current span (a run's lease lost, an interrupt, a dead letter)."""
-        if not HAVE_OTEL:
+        if not _have_otel():
             return
         span = otel_trace.get_current_span()
         if span.is_recording():
@@ -237,9 +333,10 @@ class _Timed:
 _STORED = frozenset({"wake", "deliver", "queued", "scheduled"})
 
 
-def _metric_attrs(operation: str) -> dict[str, Any]:
-    return {"messaging.system": _SYSTEM, "messaging.operation.name": operation,
-            "messaging.destination.name": DESTINATION}
+_PROCESS_ATTRS = {"messaging.system": _SYSTEM, "messaging.operation.name": "process",
+                  "messaging.destination.name": DESTINATION}
+_SEND_ATTRS = {"messaging.system": _SYSTEM, "messaging.operation.name": "send",
+               "messaging.destination.name": DESTINATION}
 
 
 def _attributes(name: str, kind: str, thread_key: str, signal: Signal) -> dict[str, Any]:

@@ -125,6 +125,74 @@ def test_spans_and_metrics_in_one_process() -> None:
     assert metrics["messaging.client.operation.duration"] == 7
 
 
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_runtime_metrics_count_runs_leases_dead_letters_duplicates_and_takeovers(
+        backend: str, request: pytest.FixtureRequest) -> None:
+    args = ([request.getfixturevalue("redis_url"), request.getfixturevalue("key_prefix")]
+            if backend == "redis" else [])
+    code = SDK + textwrap.dedent("""
+        import json, sys, time, anyio
+        from pubsub import InMemoryPubSub, RedisStreamsPubSub
+        from signals import Run, Signal, SignalRuntime
+        hung, go, retaken = anyio.Event(), anyio.Event(), anyio.Event()
+        acked = set()
+        snapshots = {}
+
+        async def agent(run: Run) -> None:
+            if run.thread_key == "d":
+                await run.next_signal()
+                raise RuntimeError("boom")  # every hand-out fails: dead-lettered at 2
+            if not hung.is_set():
+                await run.next_signal()  # takes all three: one handed out, two waiting
+                hung.set()
+                await go.wait()
+                time.sleep(1.0)  # blocks the loop past the TTL: the session and lease expire
+                await anyio.sleep_forever()  # until the heartbeat finds the lease lost
+            async for s in run:
+                await run.ack(s)
+                acked.add(s.id)
+                if len(acked) == 3:
+                    retaken.set()
+
+        async def main():
+            ps = (RedisStreamsPubSub(url=sys.argv[1], key_prefix=sys.argv[2])
+                  if len(sys.argv) > 1 else InMemoryPubSub())
+            async with ps, SignalRuntime(
+                    pubsub=ps, agent=agent, lease_ttl_ms=600, max_attempts=2) as rt:
+                await rt.pause("t")
+                for i in range(3):
+                    await rt.send("t", Signal(i, id=f"s{i}"))
+                await rt.send("t", Signal(0, id="s0"))  # a duplicate
+                await rt.resume("t")
+                await hung.wait()
+                snapshots["hung"] = metric_values()
+                go.set()
+                with anyio.fail_after(10):
+                    await retaken.wait()  # taken back by recovery, all three acknowledged
+                await rt.send("d", Signal("x", id="dead"))
+                with anyio.fail_after(10):
+                    while metric_values().get("signals.dead_letters", 0) < 1:
+                        await anyio.sleep(0.02)
+                await rt.wait_idle()
+                snapshots["end"] = metric_values()
+            print(json.dumps(snapshots))
+        anyio.run(main)
+    """)
+    result = run_script(code, *args)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    hung, end = out["hung"], out["end"]
+    assert hung["signals.runs.active"] == 1
+    assert hung["signals.pending"] == 3  # one handed out and two waiting, none acknowledged
+    assert hung["signals.duplicates"] == 1
+    assert end["signals.runs.active"] == 0
+    assert end["signals.pending"] == 0
+    assert end["signals.leases.lost"] == 1
+    assert end["signals.dead_letters"] == 1
+    assert end["signals.takeover.duration"] == 1  # s0, handed out again after the loss
+    assert end["signals.routing.duration"] == 4  # s0 once, s1, s2 and dead: first hand-outs
+
+
 def test_without_an_sdk_nothing_is_emitted() -> None:
     code = textwrap.dedent("""
         import anyio

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+import pubsub
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["leases", "pubsub", "signals"]
@@ -63,3 +67,23 @@ def test_a_foreign_pubsub_module_is_a_clear_import_error(tmp_path: Path) -> None
     assert result.returncode != 0
     assert "ImportError" in result.stderr and "PyPubSub" in result.stderr, result.stderr
     assert "pip uninstall pypubsub" in result.stderr
+
+
+def test_a_redis_sender_imports_no_other_backend() -> None:
+    """The cold start of a serverless sender (docs/performance.md): ``import signals, pubsub``
+    and the Redis pub/sub load neither SQLite, Postgres, the in-memory backends nor structlog;
+    each is imported on first use. (redis-py itself imports OpenTelemetry when installed.)"""
+    code = (
+        "import sys, signals, pubsub, leases; pubsub.RedisStreamsPubSub; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('sqlite3', 'psycopg', 'structlog', 'croniter') or m.startswith(("
+        "'pubsub._backends.memory', 'pubsub._backends.sql', 'pubsub._backends.postgres', "
+        "'pubsub._backends.sqlite', 'leases._backends.memory', 'leases._backends.sql', "
+        "'leases._backends.postgres', 'signals._backends.memory', 'signals.kit._sql', "
+        "'_signal_leases.sql'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.strip()
+    assert out == "[]"
+    for name in ("InMemoryPubSub", "SQLitePubSub", "PostgresPubSub", "SQLPubSub", "Doorbell"):
+        assert name in dir(pubsub) and getattr(pubsub, name).__name__ == name

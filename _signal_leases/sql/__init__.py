@@ -42,11 +42,13 @@ class Tx:
     comparison of one operation uses this one value.
     """
 
-    __slots__ = ("_cursor", "_param", "dialect", "now_ms", "wall")
+    __slots__ = ("_cursor", "_param", "_sync", "dialect", "now_ms", "wall")
 
-    def __init__(self, cursor: Any, param: str, dialect: str, now_ms: int, wall: float) -> None:
+    def __init__(self, cursor: Any, param: str, dialect: str, now_ms: int, wall: float,
+                 sync: Callable[[], None] | None = None) -> None:
         self._cursor = cursor
         self._param = param
+        self._sync = sync  # pipelined (Postgres): wait for what was sent before a row count
         self.dialect = dialect  # "sqlite" or "postgres": for the few statements that differ
         self.now_ms = now_ms
         self.wall = wall  # Unix time in seconds (receipts, due times, output parts)
@@ -57,10 +59,19 @@ class Tx:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; returns the number of rows it changed."""
         self._cursor.execute(self._sql(sql), tuple(params))
+        if self._sync is not None:
+            self._sync()
         return int(self._cursor.rowcount)
 
+    def write(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one statement whose result nobody reads. On a pipelining database it is sent
+        without waiting: it runs before any later statement of the transaction, and an error
+        in it fails the transaction at its next read or its commit."""
+        self._cursor.execute(self._sql(sql), tuple(params))
+
     def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run one statement for each row of parameters."""
+        """Run one statement for each row of parameters (sent without waiting, as
+        :meth:`write`)."""
         self._cursor.executemany(self._sql(sql), [tuple(r) for r in rows])
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
@@ -137,6 +148,12 @@ class Database(ABC):
         """Whether a connection that raised may go back to the pool."""
         return True
 
+    def pipeline(self, conn: Any) -> Any:
+        """A context manager in which ``conn`` pipelines statements (``None``: it does not),
+        entered around each transaction; what it yields has ``sync()``, which waits for what
+        was sent."""
+        return None
+
     def lock_schemas(self, tx: Tx) -> None:  # noqa: B027 (a hook: most databases need none)
         """Make schema creations of concurrent processes wait for each other (a database
         whose write transactions are not already serial: Postgres takes a lock here)."""
@@ -165,7 +182,13 @@ class Database(ABC):
             cursor = conn.cursor()
             try:
                 now_ms, wall = self.begin(cursor, write)
-                result = fn(Tx(cursor, self.param, self.dialect, now_ms, wall))
+                pipeline = self.pipeline(conn)
+                if pipeline is None:
+                    result = fn(Tx(cursor, self.param, self.dialect, now_ms, wall))
+                else:
+                    with pipeline as entered:
+                        result = fn(Tx(cursor, self.param, self.dialect, now_ms, wall,
+                                       entered.sync))
                 conn.commit()
                 return result
             except BaseException:

@@ -112,7 +112,7 @@ def lock(tx: Tx, key: str) -> None:
     """Serialize the grants of ``key`` until the transaction ends (Postgres: an advisory lock;
     SQLite: nothing to do, a write transaction already holds the database)."""
     if tx.dialect == "postgres":
-        tx.execute("SELECT pg_advisory_xact_lock(1279607123, hashtext(?))", (key,))
+        tx.write("SELECT pg_advisory_xact_lock(1279607123, hashtext(?))", (key,))
 
 
 def _next_token(tx: Tx) -> int:

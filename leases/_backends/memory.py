@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.lowlevel
 
+from _signal_leases.aio import loop_time
 from leases._contract import AcquireResult
 from leases._info import LeaseInfo
 from leases._validation import check_acquire, check_key, check_owner, check_ttl_ms
@@ -176,14 +177,15 @@ class LeaseTable:
 class InMemoryLeaseProvider:
     """A ``LeaseProvider`` for one process, pure anyio (asyncio and trio).
 
-    ``clock`` returns monotonic seconds and defaults to :func:`anyio.current_time`
-    (so a trio ``MockClock`` moves lease time too); pass your own to drive expiry in tests.
+    ``clock`` returns monotonic seconds and defaults to the event loop's clock (the value of
+    :func:`anyio.current_time`, so a trio ``MockClock`` moves lease time too); pass your own to
+    drive expiry in tests.
     Each call is atomic: the state change happens after one checkpoint, with no await
     inside it. Leases are local to this object; use it from one event loop (not thread-safe).
     """
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
-        self._clock: Callable[[], float] = clock if clock is not None else anyio.current_time
+        self._clock: Callable[[], float] = clock if clock is not None else loop_time
         self.table = LeaseTable()
 
     @property

@@ -19,7 +19,9 @@ lost without it, and a complete small backend; ``signals.testing`` has a conform
 part.
 """
 
-from _signal_leases.sql import Database, Tx
+from typing import TYPE_CHECKING
+
+from _signal_leases.lazy import lazy_exports
 from signals._model import Receipt, Signal, StreamPart
 from signals.kit._capabilities import (
     CARRY_LIMIT,
@@ -55,8 +57,16 @@ from signals.kit._core import (
     is_signal_core,
     run_runtime,
 )
-from signals.kit._sql import SQLCore
 from signals.kit._store import KitStore
+
+if TYPE_CHECKING:
+    from _signal_leases.sql import Database, Tx
+    from signals.kit._sql import SQLCore
+
+# The SQL kit is imported on first use (docs/performance.md: a sender's start-up).
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "Database": "_signal_leases.sql", "Tx": "_signal_leases.sql", "SQLCore": "signals.kit._sql",
+})
 
 __all__ = [
     "CARRY_LIMIT",

@@ -140,6 +140,8 @@ class Taken:
     queued for a run of its own and the run has handed something out already. ``more``: other
     entries are ready now. ``next_due``: the earliest entry not due yet (Unix time).
     ``dead``: signal ids dead-lettered on the way (attempts past ``max_attempts``).
+    ``pending``: optional, the thread's entries not yet acknowledged after this take (held
+    ones included), for the ``signals.pending`` gauge; ``None`` when the core does not say.
     """
 
     entries: tuple[InboxEntry, ...] = ()
@@ -149,6 +151,7 @@ class Taken:
     more: bool = False
     next_due: float | None = None
     dead: tuple[str, ...] = ()
+    pending: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

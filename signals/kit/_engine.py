@@ -262,7 +262,7 @@ class Engine:
         self._ack(t, th, run, acks)
         if th.paused:
             t.save_thread(th)
-            return Taken(paused=True)
+            return Taken(paused=True, pending=th.pending)
         self._ripen(t, th)
         dead: list[str] = []
         out: list[EntryRow] = []
@@ -271,10 +271,10 @@ class Engine:
             if best is None:
                 self._emptied(t, th)
                 t.save_thread(th)
-                return Taken(next_due=t.next_due(key), dead=tuple(dead))
+                return Taken(next_due=t.next_due(key), dead=tuple(dead), pending=th.pending)
             if not first and best.mode == "queue" and best.state == "ready":
                 t.save_thread(th)
-                return Taken(stopped=True, more=True, dead=tuple(dead))
+                return Taken(stopped=True, more=True, dead=tuple(dead), pending=th.pending)
             group = [best]
             if best.lane is not None and best.merge == "coalesce":
                 group = [x for x in t.lane(key, best.lane) if x.state == "ready"
@@ -301,7 +301,7 @@ class Engine:
         t.save_thread(th)
         more = t.best(key, run.run_id) is not None
         return Taken(tuple(_entry(e) for e in out), more=more, dead=tuple(dead),
-                     next_due=None if more else t.next_due(key))
+                     next_due=None if more else t.next_due(key), pending=th.pending)
 
     def settle(self, t: Tables, key: str, run: RunRef, acks: Sequence[Ack],
                failed: Sequence[str], returned: Sequence[str], error: str | None) -> bool:

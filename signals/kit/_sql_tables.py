@@ -117,10 +117,14 @@ class SQLTables:
         self._max_parts = stream_max_parts
         self._retention_s = stream_retention_s
         self._locked: set[str] = set()
+        # (thread, sid) -> whether its receipt row exists, as this transaction saw or made it
+        # (an insert or an update is then a write that nothing waits for)
+        self._receipts: dict[tuple[str, str], bool] = {}
 
     def _lock(self, key: str) -> None:
         if self._tx.dialect == "postgres" and key not in self._locked:
-            self._tx.execute("SELECT pg_advisory_xact_lock(1397311815, hashtext(?))", (key,))
+            # Sent without waiting: the server runs the next read only once it holds the lock.
+            self._tx.write("SELECT pg_advisory_xact_lock(1397311815, hashtext(?))", (key,))
             self._locked.add(key)
 
     # -- threads ----------------------------------------------------------------------------
@@ -131,7 +135,7 @@ class SQLTables:
         return None if row is None else _thread(row)
 
     def save_thread(self, r: ThreadRow) -> None:
-        self._tx.execute(
+        self._tx.write(
             f"INSERT INTO sig_threads ({_T}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, pending = excluded.pending, "
             "paused = excluded.paused, token = excluded.token, run = excluded.run, "
@@ -144,14 +148,14 @@ class SQLTables:
     # -- entries ----------------------------------------------------------------------------
 
     def insert(self, e: EntryRow) -> None:
-        self._tx.execute(
+        self._tx.write(
             f"INSERT INTO sig_entries ({_E}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (e.thread, e.seq, e.sid, e.body, e.mode, e.prio, e.lane, e.merge, e.state, e.due,
              e.nb, e.expires, e.holder, e.attempts, e.error),
         )
 
     def update(self, e: EntryRow) -> None:
-        self._tx.execute(
+        self._tx.write(
             "UPDATE sig_entries SET state = ?, due = ?, holder = ?, attempts = ?, error = ? "
             "WHERE thread = ? AND seq = ?",
             (e.state, e.due, e.holder, e.attempts, e.error, e.thread, e.seq),
@@ -211,20 +215,28 @@ class SQLTables:
     def receipt(self, key: str, sid: str) -> ReceiptRow | None:
         row = self._tx.one(f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?",
                            (key, sid))
+        self._receipts[(key, sid)] = row is not None
         return None if row is None else _receipt(row)
 
     def put_receipt(self, r: ReceiptRow) -> None:
-        added = self._tx.execute(
-            f"INSERT INTO sig_receipts ({_R}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (thread, sid) DO NOTHING",
-            (r.thread, r.sid, r.status, r.accepted, r.at, r.run, r.result, r.error, r.by,
-             r.body, r.mode, r.attempts),
-        )
+        known = self._receipts.get((r.thread, r.sid))
+        self._receipts[(r.thread, r.sid)] = True
+        values = (r.thread, r.sid, r.status, r.accepted, r.at, r.run, r.result, r.error, r.by,
+                  r.body, r.mode, r.attempts)
+        insert = f"INSERT INTO sig_receipts ({_R}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        if known is False:
+            self._tx.write(insert, values)
+            added = True
+        elif known is None:
+            added = bool(self._tx.execute(insert + " ON CONFLICT (thread, sid) DO NOTHING",
+                                          values))
+        else:
+            added = False
         if added:
-            self._tx.execute("UPDATE sig_threads SET receipts = receipts + 1 WHERE key = ?",
+            self._tx.write("UPDATE sig_threads SET receipts = receipts + 1 WHERE key = ?",
                              (r.thread,))
             return
-        self._tx.execute(
+        self._tx.write(
             "UPDATE sig_receipts SET status = ?, at = ?, run = ?, result = ?, error = ?, "
             "by_sid = ?, body = ?, mode = ?, attempts = ? WHERE thread = ? AND sid = ?",
             (r.status, r.at, r.run, r.result, r.error, r.by, r.body, r.mode, r.attempts,
@@ -232,19 +244,24 @@ class SQLTables:
         )
 
     def trim_receipts(self, key: str, before: float, keep: int) -> None:
-        count = self._tx.value("SELECT receipts FROM sig_threads WHERE key = ?", (key,))
-        old = self._tx.all(
-            "SELECT sid FROM sig_receipts WHERE thread = ? AND accepted < ? ORDER BY accepted "
-            "LIMIT 100", (key, before))
+        # The count and the oldest receipts past the window, in one round trip.
+        found = self._tx.all(
+            "SELECT CAST(NULL AS TEXT), receipts FROM sig_threads WHERE key = ? UNION ALL "
+            "SELECT * FROM (SELECT sid, CAST(NULL AS BIGINT) FROM sig_receipts WHERE thread = ? "
+            "AND accepted < ? ORDER BY accepted LIMIT 100) AS old", (key, key, before))
+        count = next((r[1] for r in found if r[0] is None), 0)
+        old = [r for r in found if r[0] is not None]
         over = max(0, int(count or 0) - len(old) - keep + 1)
         if over:
             old += self._tx.all(
                 "SELECT sid FROM sig_receipts WHERE thread = ? AND accepted >= ? ORDER BY "
                 "accepted LIMIT ?", (key, before, min(over, 100)))
         if old:
+            for r in old:
+                self._receipts.pop((key, r[0]), None)
             self._tx.many("DELETE FROM sig_receipts WHERE thread = ? AND sid = ?",
                           [(key, r[0]) for r in old])
-            self._tx.execute("UPDATE sig_threads SET receipts = receipts - ? WHERE key = ?",
+            self._tx.write("UPDATE sig_threads SET receipts = receipts - ? WHERE key = ?",
                              (len(old), key))
 
     def dead(self, key: str, limit: int) -> list[ReceiptRow]:
@@ -274,20 +291,22 @@ class SQLTables:
 
     def add_part(self, key: str, part: PartIn) -> str:
         tx = self._tx
-        tx.execute(
+        n = int(tx.value(
             "INSERT INTO sig_threads (key, seq, pending, paused, pseq) VALUES (?, 0, 0, 0, 1) "
-            "ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1", (key,))
-        n = int(tx.value("SELECT pseq FROM sig_threads WHERE key = ?", (key,)))
-        tx.execute("INSERT INTO sig_parts (thread, n, kind, run, sid, data, at) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   (key, n, part.kind, part.run_id or None, part.signal_id, part.data, self.now))
-        horizon = self.now - self._retention_s
-        gone = tx.value("SELECT MAX(n) FROM sig_parts WHERE thread = ? AND (n <= ? OR at < ?)",
-                        (key, n - self._max_parts, horizon))
-        if gone is not None:
-            tx.execute("DELETE FROM sig_parts WHERE thread = ? AND n <= ?", (key, gone))
-            tx.execute("UPDATE sig_threads SET ptrim = ? WHERE key = ? AND ptrim < ?",
-                       (gone, key, gone))
+            "ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1 RETURNING pseq",
+            (key,)))
+        tx.write("INSERT INTO sig_parts (thread, n, kind, run, sid, data, at) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 (key, n, part.kind, part.run_id or None, part.signal_id, part.data, self.now))
+        # Trim past the count and the age limits with two writes and no read (nothing to wait
+        # for on a pipelining database): the trim point moves up, then what is below it goes.
+        greatest = "GREATEST" if tx.dialect == "postgres" else "MAX"
+        tx.write(
+            f"UPDATE sig_threads SET ptrim = {greatest}(ptrim, COALESCE((SELECT MAX(n) FROM "
+            "sig_parts WHERE thread = ? AND (n <= ? OR at < ?)), 0)) WHERE key = ?",
+            (key, n - self._max_parts, self.now - self._retention_s, key))
+        tx.write("DELETE FROM sig_parts WHERE thread = ? AND n <= (SELECT ptrim FROM sig_threads "
+                 "WHERE key = ?)", (key, key))
         return str(n)
 
 

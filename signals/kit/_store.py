@@ -22,9 +22,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from _signal_leases.aio import unix_now
+from _signal_leases.aio import loop_time, unix_now
 from signals.kit._capabilities import (
     Claim,
     Follower,
@@ -99,7 +97,7 @@ class KitStore:
         ready."""
         if self.fused is not None:
             request = self._claim() if claim else None
-            sent_at = anyio.current_time()
+            sent_at = loop_time()
             routed = await self.fused.route(
                 thread_key, signal, mode, claim=request, sender=self.runtime_id,
                 wake_workers=wake_workers, limits=limits,
@@ -150,7 +148,7 @@ class KitStore:
         live owner keeps it: the thread is looked at again when its lease would expire."""
         if self.fused is not None:
             request = self._claim()
-            sent_at = anyio.current_time()
+            sent_at = loop_time()
             claimed = await self.fused.claim(thread_key, request)
             if claimed.claimed:
                 return self._adopt(thread_key, request, claimed.token, sent_at)

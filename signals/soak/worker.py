@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anyio
 
+from _signal_leases.aio import loop_time
 from _signal_leases.errors import BackendUnavailableError
 from signals._runtime import SignalRuntime
 from signals.soak.options import (
@@ -48,7 +49,7 @@ async def serve(config: WorkerConfig) -> None:
                        rng=random.Random(config.seed * 1_000_003 + pid),
                        block_ms=config.block_ms)
     ctx = FactoryContext("worker", config.key_prefix, config.url, config.slot, config.ttl_ms)
-    deadline = anyio.current_time() + START_RETRY_S
+    deadline = loop_time() + START_RETRY_S
     started = False
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as stop:
         while True:
@@ -66,7 +67,7 @@ async def serve(config: WorkerConfig) -> None:
                         break
                 break
             except BackendUnavailableError:
-                if started or anyio.current_time() > deadline:
+                if started or loop_time() > deadline:
                     raise
                 await anyio.sleep(0.5)
     recorder.close()

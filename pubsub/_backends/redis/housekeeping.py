@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from _signal_leases.aio import loop_time
 from _signal_leases.errors import BackendError
 from _signal_leases.redis_support import map_errors, text
 from pubsub._backends.redis.slots import PAGE, Slot
@@ -76,10 +77,10 @@ class Housekeeper:
             task_status.started()
             if self._stopped:
                 return
-            last_reclaim = last_sweep = anyio.current_time()
+            last_reclaim = last_sweep = loop_time()
             while True:
                 await anyio.sleep(period)
-                now = anyio.current_time()
+                now = loop_time()
                 reclaim = now - last_reclaim >= settings.reclaim_interval_ms / 1000 - 1e-3
                 sweep = now - last_sweep >= settings.reclaim_idle_ms / 1000 - 1e-3
                 try:

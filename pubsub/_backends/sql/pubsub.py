@@ -23,7 +23,7 @@ import anyio
 
 import _signal_leases.sql.leases as sql_leases
 import pubsub._backends.sql.tables as ps
-from _signal_leases.aio import WakeQueue, owned_task_group
+from _signal_leases.aio import WakeQueue, loop_time, owned_task_group
 from _signal_leases.logs import get_logger
 from _signal_leases.sql import Tx
 from _signal_leases.validation import check_identifier, check_int
@@ -235,13 +235,13 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
 
     async def _reader(self) -> None:
         poll = self.poll_ms / 1000
-        next_poll = next_extend = anyio.current_time()
-        next_prune = anyio.current_time() + _PRUNE_S
+        next_poll = next_extend = loop_time()
+        next_prune = loop_time() + _PRUNE_S
         while True:
             with anyio.move_on_at(next_poll):
                 await self._wake_event.wait()
             self._wake_event = anyio.Event()
-            now = anyio.current_time()
+            now = loop_time()
             due, self._due = self._due, set()
             if now >= next_poll:
                 due.add(None)

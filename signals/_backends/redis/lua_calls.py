@@ -196,7 +196,7 @@ while #out == 0 do
     emptied()
     local nd = next_due()
     if nd then nd = fmt(nd) else nd = false end
-    return reply('ok', {}, 0, nd, dead_ids)
+    return reply('ok', {}, 0, nd, dead_ids, redis.call('HLEN', K.em))
   end
   if ARGV[11] ~= '1' and m.m == 'queue' and m.st == 'ready' then
     return reply('stopped', {}, 1, false, dead_ids)
@@ -241,7 +241,7 @@ if best(run) then more = 1 else
   nd = next_due()
   if nd then nd = fmt(nd) else nd = false end
 end
-return reply('ok', out, more, nd, dead_ids)
+return reply('ok', out, more, nd, dead_ids, redis.call('HLEN', K.em))
 """
 
 #: ARGV after the header: 8 run, 9 token, 10 error ('' none), 11 #acks, 12 #failed, then

@@ -254,7 +254,8 @@ class RedisSignalStore(RedisOutput, RedisPresence):
                            "1" if first else "0"]
         for a in acks:
             args += [a.entry_id, a.signal_id, a.result or ""]
-        status, rows, more, due, dead = await self._run("take", thread_key, args, "inbox take")
+        status, rows, more, due, dead, *rest = await self._run("take", thread_key, args,
+                                                                "inbox take")
         status = text(status)
         if status == "fenced":
             return Taken(fenced=True)
@@ -266,7 +267,7 @@ class RedisSignalStore(RedisOutput, RedisPresence):
             tuple(e for e in entries if e is not None), paused=status == "paused",
             stopped=status == "stopped", more=as_int(more) == 1,
             next_due=float(text(due)) / 1000 if due else None,
-            dead=tuple(text(d) for d in dead),
+            dead=tuple(text(d) for d in dead), pending=as_int(rest[0]) if rest else None,
         )
 
     def _entry(self, thread_key: str, entry_id: str, body: Any, mode: Any, attempts: Any,

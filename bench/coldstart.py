@@ -1,0 +1,107 @@
+"""A serverless invocation: a fresh process imports, sends one signal, and exits.
+
+Side by side in one run, interleaved, each a fresh ``python`` process against the same
+``redis-server``:
+
+* ``raw``: ``import redis.asyncio``, one ``XADD`` and one ``PUBLISH``, close;
+* ``signals``: ``import signals, pubsub``, ``SignalRuntime(pubsub=RedisStreamsPubSub(...),
+  agent=None)``, one ``send`` (stored durably, routed, receipt), close.
+
+Also the import time alone (``python -X importtime``, the top-level modules' cumulative time).
+
+    python bench/coldstart.py [--rounds 15] [--redis-url URL]
+
+Goal (issue "Performance"): ``signals`` <= 1.3x ``raw``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+sys.path[0] = str(ROOT)  # the checkout, not bench/ (bench/signals.py)
+
+from bench._server import redis_url  # noqa: E402
+
+RAW = """
+import sys, asyncio
+import redis.asyncio as redis
+
+async def main():
+    client = redis.Redis.from_url(sys.argv[1])
+    await client.xadd("cold:raw", {"payload": '{"n": 1}'})
+    await client.publish("cold:raw:notice", "1")
+    await client.aclose()
+
+asyncio.run(main())
+"""
+
+SIGNALS = """
+import sys, anyio
+from pubsub import RedisStreamsPubSub
+from signals import SignalRuntime
+
+async def main():
+    async with RedisStreamsPubSub(url=sys.argv[1], key_prefix="cold:") as ps, SignalRuntime(
+            pubsub=ps, agent=None) as rt:
+        await rt.send("cold", {"n": 1})
+
+anyio.run(main)
+"""
+
+IMPORTS = {"raw": "import redis.asyncio", "signals": "import signals, pubsub; "
+           "pubsub.RedisStreamsPubSub"}
+
+
+def once(code: str, url: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, url], check=True, env=env, cwd="/")
+    return time.perf_counter() - start
+
+
+def import_ms(code: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], check=True, env=env,
+                         cwd="/", capture_output=True, text=True).stderr
+    total = 0
+    for line in out.splitlines():
+        parts = line.split("|")
+        if (len(parts) == 3 and parts[1].strip().isdigit() and parts[2].startswith(" ")
+                and not parts[2].startswith("  ")):
+            total += int(parts[1])  # a top-level import: its cumulative microseconds
+    return total / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--redis-url", default=None)
+    args = parser.parse_args()
+    times: dict[str, list[float]] = {"raw": [], "signals": []}
+    imports: dict[str, list[float]] = {"raw": [], "signals": []}
+    with redis_url(args.redis_url) as url:
+        once(RAW, url), once(SIGNALS, url)  # warm the file cache
+        for r in range(args.rounds):
+            order = ("raw", "signals") if r % 2 == 0 else ("signals", "raw")
+            for name in order:
+                times[name].append(once(RAW if name == "raw" else SIGNALS, url))
+                imports[name].append(import_ms(IMPORTS[name]))
+    med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+    imp = {k: statistics.median(v) for k, v in imports.items()}
+    print(f"a fresh process sends one signal, median of {args.rounds}:")
+    print(f"  raw      {med['raw']:6.1f} ms  (imports {imp['raw']:5.1f} ms)")
+    print(f"  signals  {med['signals']:6.1f} ms  (imports {imp['signals']:5.1f} ms)  "
+          f"x{med['signals'] / med['raw']:.2f} of raw")
+    print("goal: <= 1.3x")
+
+
+if __name__ == "__main__":
+    main()
