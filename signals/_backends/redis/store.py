@@ -72,6 +72,7 @@ __all__ = ["RedisSignalStore"]
 logger = get_logger("signals")
 
 DAY_MS = 86_400_000
+_KEY_CACHE = 4096  # threads whose script keys are kept built
 
 
 def _ms(seconds: float | None) -> str:
@@ -126,6 +127,7 @@ class RedisSignalStore(RedisOutput, RedisPresence):
         if self._handle.cluster:
             self._stream_cfg += ":1"  # announce new parts on sharded pub/sub (see the follower)
         self._idx = "0" if self._handle.cluster else "1"
+        self._key_cache: dict[str, list[str]] = {}  # thread key -> its script keys (bounded)
         register = self.client.register_script
         self._lua = {name: register(src) for name, src in (
             ("accept", ACCEPT), ("take", TAKE), ("settle", SETTLE), ("withdraw", WITHDRAW),
@@ -161,19 +163,22 @@ class RedisSignalStore(RedisOutput, RedisPresence):
     # -- calling a script -------------------------------------------------------------------
 
     def _keys(self, thread_key: str, runtime_id: str | None = None) -> list[str]:
-        k = self.keys
-        keys = [k.thread(thread_key, name) for name in KEY_NAMES[:14]]
-        lease_keys = getattr(self.leases, "keys", None)
-        if lease_keys is not None:
-            keys += [lease_keys.lease(thread_key), lease_keys.fence(thread_key)]
-        else:
-            keys += [k.thread(thread_key, "lease"), k.thread(thread_key, "fence")]  # unused
+        keys = self._key_cache.get(thread_key)
+        if keys is None:
+            k = self.keys
+            keys = [k.thread(thread_key, name) for name in KEY_NAMES[:14]]
+            lease_keys = getattr(self.leases, "keys", None)
+            if lease_keys is not None:
+                keys += [lease_keys.lease(thread_key), lease_keys.fence(thread_key)]
+            else:
+                keys += [k.thread(thread_key, "lease"), k.thread(thread_key, "fence")]  # unused
+            keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
+            if len(self._key_cache) >= _KEY_CACHE:  # bounded: the oldest entry goes
+                del self._key_cache[next(iter(self._key_cache))]
+            self._key_cache[thread_key] = keys
         if self._idx == "1":
-            keys.append(k.pending_shard(thread_key))
-            keys.append(k.runtime_threads(runtime_id) if runtime_id else keys[0])
-        else:
-            keys += [keys[0], keys[0]]  # Cluster: not touched (another slot)
-        return keys
+            return [*keys, self.keys.runtime_threads(runtime_id) if runtime_id else keys[0]]
+        return [*keys, keys[0]]  # Cluster: not touched (another slot)
 
     def _header(self, thread_key: str) -> list[Any]:
         return [thread_key, self._idx, self._session_prefix(), self._stream_cfg,
