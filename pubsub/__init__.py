@@ -11,6 +11,13 @@ to ``get_lease_provider()``). ``pubsub.testing`` holds a conformance suite for y
 
 from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # the backends, imported on first use (see __getattr__ below)
+    from pubsub._backends.memory import InMemoryPubSub
+    from pubsub._backends.postgres import PostgresPubSub
+    from pubsub._backends.redis.streams import RedisStreamsPubSub
+    from pubsub._backends.sql.pubsub import Doorbell, SQLPubSub
+    from pubsub._backends.sqlite import SQLitePubSub
+
 from _signal_leases.errors import (
     BackendError,
     BackendPermanentError,
@@ -33,13 +40,6 @@ from pubsub._contract import (
     is_pubsub,
 )
 from pubsub._leased import LeasedPubSub
-
-if TYPE_CHECKING:
-    from pubsub._backends.memory import InMemoryPubSub
-    from pubsub._backends.postgres import PostgresPubSub
-    from pubsub._backends.redis.streams import RedisStreamsPubSub
-    from pubsub._backends.sql.pubsub import Doorbell, SQLPubSub
-    from pubsub._backends.sqlite import SQLitePubSub
 
 # The backends are imported on first use (docs/performance.md: a sender's start-up).
 __getattr__, __dir__ = lazy_exports(__name__, {

@@ -1,5 +1,6 @@
-"""Control and inspection of threads from any process: abort, pending, cancel, threads,
-receipts and dead letters.
+"""Control and inspection of threads: this process's runs (``active_run``, ``wait_idle``) and,
+from any process, pause and resume, abort, pending, cancel, threads, receipts and dead
+letters.
 
 A mixin of :class:`~signals.SignalRuntime`; every call works from a sender-only runtime too,
 because it goes to the shared store, not to the owner's memory.
@@ -19,9 +20,11 @@ from signals.kit._capabilities import Notice, RuntimeInfo
 from signals.kit._core import DeadLetter, run_runtime
 
 if TYPE_CHECKING:
+    from _signal_leases.aio import WakeQueue
     from leases import LeaseProvider
     from signals._chain import Chain
     from signals._model import Receipt
+    from signals._run import RunInfo
     from signals.kit._core import SignalCore
     from signals.kit._store import KitStore
 
@@ -33,13 +36,79 @@ class ControlMixin:
 
     store: SignalCore
     leases: LeaseProvider
+    runtime_id: str
+    agent: Any
     _chains: dict[str, Chain]
+    _starting: set[str]
+    _taking_back: set[str]
+    _changed: anyio.Event | None
+    _closed: bool
+    _work: WakeQueue[str | None]
+
+    def _full(self) -> bool:
+        raise NotImplementedError
 
     def _require_open(self) -> Any:
         raise NotImplementedError
 
     def _kit_open(self) -> KitStore:
         raise NotImplementedError
+
+    def active_run(self, thread_key: str) -> RunInfo | None:
+        """The run this process has on ``thread_key`` right now, or ``None`` (only this
+        process's runs: another process may own the thread)."""
+        chain = self._chains.get(thread_key)
+        return chain.info() if chain is not None else None
+
+    def active_threads(self) -> list[str]:
+        """The threads this process runs right now."""
+        return list(self._chains)
+
+    async def wait_idle(self, thread_key: str | None = None) -> None:
+        """Wait until this process runs nothing (on ``thread_key``, or on any thread), and is
+        not about to: a thread it is claiming, or taking back from a run that ended as a
+        signal arrived, counts as running."""
+        while self._busy(thread_key):
+            if self._changed is None:
+                self._changed = anyio.Event()
+            await self._changed.wait()
+
+    def _busy(self, thread_key: str | None) -> bool:
+        if thread_key is not None:
+            return any(thread_key in s for s in (self._chains, self._starting, self._taking_back))
+        return bool(self._chains or self._starting or self._taking_back)
+
+    async def pause(self, thread_key: str) -> bool:
+        """Pause ``thread_key``, durably and for every process: it keeps accepting signals,
+        no run starts, and an active run is handed no further signal (the one in hand
+        finishes). Returns whether it was paused already."""
+        check_identifier("thread key", thread_key)
+        kit = self._kit_open()
+        was = await kit.core.pause(thread_key, True)
+        chain = self._chains.get(thread_key)
+        if chain is not None:
+            chain.pause()
+        owner = await self.leases.get_lease_owner(thread_key)
+        if owner is not None and run_runtime(owner) != self.runtime_id:
+            await kit.notify(run_runtime(owner), Notice("pause", thread_key, owner))
+        return was
+
+    async def resume(self, thread_key: str) -> bool:
+        """Resume a paused thread: its signals go on in order (a worker takes it at once).
+        Returns whether it was paused."""
+        check_identifier("thread key", thread_key)
+        kit = self._kit_open()
+        was = await kit.core.pause(thread_key, False)
+        if was:
+            chain = self._chains.get(thread_key)
+            if chain is not None:
+                chain.doorbell.ring()
+            elif self.agent is not None and not self._closed and not self._full():
+                self._taking_back.add(thread_key)  # claim it here; wait_idle counts it
+                self._work.put(thread_key)
+            else:
+                await kit.notify(None, Notice("work", thread_key))
+        return was
 
     async def _runtime_info(self, kit: KitStore, runtime_id: str) -> RuntimeInfo | None:
         lookup = getattr(kit.registry, "lookup", None)

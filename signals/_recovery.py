@@ -6,10 +6,14 @@ runtime's presence fresh (every TTL/3), claims threads named by work notices as 
 and every ``recover_interval_ms``, or at the next due time the core reported (or a ``due``
 notice announced), asks the core which threads are due and claims them. The work done per
 pass is O(threads needing an owner), never O(all); there is no timer per thread or signal.
+
+The mixin also takes the notices of the process's one listener (a signal carried to a run,
+work, a due time, pause, abort, a resync) and the heartbeat's lost leases.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -20,7 +24,8 @@ if TYPE_CHECKING:
     from _signal_leases.aio import WakeQueue
     from _signal_leases.logs import Logger
     from signals._chain import Chain
-    from signals.kit._capabilities import RuntimeInfo
+    from signals._telemetry import Telemetry
+    from signals.kit._capabilities import Notice, RuntimeInfo
     from signals.kit._store import KitStore
 
 __all__ = ["RECOVER_BATCH", "RecoveryMixin"]
@@ -46,6 +51,7 @@ class RecoveryMixin:
     _kit: KitStore | None
     _closed: bool
     _log: Logger
+    _telemetry: Telemetry
 
     def _full(self) -> bool:
         raise NotImplementedError
@@ -169,3 +175,50 @@ class RecoveryMixin:
             if await self._try_claim(thread_key):
                 woken.append(thread_key)
         return woken
+
+    # -- notices and leases -------------------------------------------------------------
+
+    def _pending_here(self) -> int:
+        """Signals this process's runs hold and have not handed out (the ``signals.pending``
+        gauge; called from the metric reader's thread, so it copies before it iterates)."""
+        return sum(chain.run.pending for chain in list(self._chains.values())
+                   if chain.run is not None and not chain.run.ended)
+
+    def _on_lease_lost(self, lease: Any) -> None:
+        chain = self._chains.get(lease.key)
+        if chain is not None and chain.lease is lease:
+            self._telemetry.count("leases_lost")
+            self._log.warning("run.lease_lost", key=lease.key, run_id=lease.owner,
+                              token=lease.token, reason=lease.lost_reason)
+
+    def _on_notice(self, notice: Notice) -> None:
+        if notice.kind == "resync":
+            for each in self._chains.values():
+                each.doorbell.ring()
+            self._work.put(None)
+            return
+        chain = self._chains.get(notice.thread_key)
+        if notice.kind == "signal":
+            if chain is not None and notice.entry is not None:
+                chain.offer(notice.entry, notice.run_id)
+            elif chain is not None:
+                chain.doorbell.ring()
+            else:
+                self._work.put(notice.thread_key)  # not ours (any more): maybe nobody's
+        elif notice.kind == "work":
+            if chain is None:
+                self._work.put(notice.thread_key)
+        elif notice.kind == "due":
+            with contextlib.suppress(ValueError):
+                self._due_hint(float(notice.reason or ""))
+        elif notice.kind == "pause" and chain is not None:
+            chain.pause()
+        elif notice.kind == "abort" and chain is not None:
+            chain.cancel_run(_abort_reason(notice.reason), notice.run_id)
+
+
+def _abort_reason(reason: str | None) -> str:
+    """The reason a run cancelled by an abort notice reports (``interrupt`` stays itself)."""
+    if reason == "interrupt":
+        return "interrupt"
+    return f"abort: {reason}" if reason else "abort"

@@ -14,6 +14,7 @@ import anyio.lowlevel
 
 from _signal_leases.aio import loop_time, retry_unavailable, unix_now
 from _signal_leases.validation import check_str
+from signals._doorbell import Doorbell
 from signals._model import Signal, encode_json
 from signals._schedules import TICK_PREFIX
 from signals.kit._capabilities import PartIn
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from signals.kit._core import InboxEntry, Taken
     from signals.kit._store import KitStore
 
-__all__ = ["Doorbell", "Reducer", "Run", "RunInfo"]
+__all__ = ["Doorbell", "Reducer", "Run", "RunInfo"]  # Doorbell: re-exported
 
 Reducer = Callable[[list[Signal]], Any]
 """``fn(signals) -> payload``: folds the pending signals of a ``coalesce`` lane into one."""
@@ -46,52 +47,6 @@ class RunInfo:
     token: int | None
     started_at: float
     runs: int
-
-
-class Doorbell:
-    """Wakes a run that waits for input: rung by local senders and by store notices.
-
-    A ring is remembered until the next :meth:`wait` (so a ring between a take and the wait
-    is never lost). No task and no timer: an idle run costs an event object.
-    """
-
-    __slots__ = ("_event", "_rung")
-
-    def __init__(self) -> None:
-        self._event: anyio.Event | None = None
-        self._rung = False
-
-    def ring(self) -> None:
-        """New input the run must take."""
-        self._rung = True
-        self.wake()
-
-    def wake(self) -> None:
-        """Wake a waiting run without asking it to take (it was handed input directly)."""
-        if self._event is not None:
-            self._event.set()
-
-    def take(self) -> bool:
-        """Consume a pending ring; ``True`` if there was one."""
-        rung, self._rung = self._rung, False
-        return rung
-
-    @property
-    def rung(self) -> bool:
-        """A ring is pending (a take is due)."""
-        return self._rung
-
-    async def wait(self, timeout: float) -> None:
-        """Return at the next ring or wake (at once if a ring is pending), or after ``timeout``
-        seconds."""
-        if self._rung:
-            return
-        self._event = anyio.Event()
-        try:
-            with anyio.move_on_after(timeout):
-                await self._event.wait()
-        finally:
-            self._event = None
 
 
 def _key(entry: InboxEntry) -> tuple[int, int, int]:

@@ -6,13 +6,12 @@ also the process's one timer (it wakes at the next due time of any thread). Per 
 thread: the chain's task, which runs the agent. See ``docs/signals.md`` for the model and
 ``docs/guarantees.md`` for what holds.
 
-Over 400 lines on purpose: the runtime's public entry points; runs, recovery, control and
-streams are in their own modules.
+The runtime's lifecycle, send and its runs; control and inspection, schedules, streams, and
+recovery with the notices are mixins in their own modules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import time
@@ -25,7 +24,7 @@ import anyio
 from anyio import AsyncContextManagerMixin
 
 from _signal_leases.aio import WakeQueue, owned_task_group, unix_now
-from _signal_leases.errors import BackendError, ClosedError
+from _signal_leases.errors import ClosedError
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import (
     check_choice,
@@ -34,7 +33,7 @@ from _signal_leases.validation import (
     check_optional_int,
 )
 from leases import LeaseHeartbeat, LeaseProvider
-from signals._chain import Chain, ChainSettings
+from signals._chain import Chain, ChainSettings, check_reducers, timed
 from signals._control import ControlMixin
 from signals._model import (
     DEFAULT_MAX_SIGNAL_BYTES,
@@ -48,11 +47,11 @@ from signals._model import (
 )
 from signals._recovery import RecoveryMixin
 from signals._resolve import check_agent, check_pubsub, check_store, resolve_core, resolve_leases
-from signals._run import Reducer, Run, RunInfo
-from signals._schedules import CatchUp, Schedule, Scheduler
+from signals._run import Reducer, Run
+from signals._schedules import Scheduler, SchedulesMixin
 from signals._streams import StreamsMixin
 from signals._telemetry import Telemetry
-from signals.kit._capabilities import Notice, RuntimeInfo
+from signals.kit._capabilities import RuntimeInfo
 from signals.kit._core import InboxEntry, Limits, Overflow, SignalCore, run_runtime
 from signals.kit._derived import TOPIC_PREFIX
 from signals.kit._store import KitStore
@@ -75,7 +74,8 @@ _IF_IDLE = ("wake", "enqueue", "discard")
 _OVERFLOW: tuple[Overflow, ...] = ("reject", "drop_oldest")
 
 
-class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManagerMixin):
+class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
+                    AsyncContextManagerMixin):
     """Receive signals for threads; run ``agent`` in exactly one process per thread.
 
     ``await runtime.send(thread_key, signal)`` either wakes the idle thread (this process
@@ -145,7 +145,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         self.max_concurrent_runs = check_optional_int("max_concurrent_runs", max_concurrent_runs)
         self.shutdown_timeout_ms = check_optional_int("shutdown_timeout_ms", shutdown_timeout_ms,
                                                       minimum=0)
-        self.reducers = _check_reducers(reducers)
+        self.reducers = check_reducers(reducers)
         self.limits = Limits(
             check_optional_int("max_pending_per_thread", max_pending_per_thread),
             check_choice("overflow", overflow, _OVERFLOW),
@@ -278,30 +278,6 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
 
     # -- public API ------------------------------------------------------------------------
 
-    def active_run(self, thread_key: str) -> RunInfo | None:
-        """The run this process has on ``thread_key`` right now, or ``None`` (only this
-        process's runs: another process may own the thread)."""
-        chain = self._chains.get(thread_key)
-        return chain.info() if chain is not None else None
-
-    def active_threads(self) -> list[str]:
-        """The threads this process runs right now."""
-        return list(self._chains)
-
-    async def wait_idle(self, thread_key: str | None = None) -> None:
-        """Wait until this process runs nothing (on ``thread_key``, or on any thread), and is
-        not about to: a thread it is claiming, or taking back from a run that ended as a
-        signal arrived, counts as running."""
-        while self._busy(thread_key):
-            if self._changed is None:
-                self._changed = anyio.Event()
-            await self._changed.wait()
-
-    def _busy(self, thread_key: str | None) -> bool:
-        if thread_key is not None:
-            return any(thread_key in s for s in (self._chains, self._starting, self._taking_back))
-        return bool(self._chains or self._starting or self._taking_back)
-
     def _poke(self) -> None:
         """Wake :meth:`wait_idle` to look again."""
         if self._changed is not None:
@@ -351,7 +327,7 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             signal = Signal(payload=signal)
         check_choice("if_active", if_active, _IF_ACTIVE)
         check_choice("if_idle", if_idle, _IF_IDLE)
-        signal = self._timed(signal, delay_ms, expires_in_ms)
+        signal = timed(signal, delay_ms, expires_in_ms)
         if (signal.merge == "coalesce" and signal.lane is not None
                 and signal.lane not in self.reducers):
             raise ValueError(
@@ -442,90 +418,6 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
         return Delivery(outcome, signal.id, thread_key, owner, backpressure=backpressure,
                         superseded=accepted.superseded, dropped=accepted.dropped)
 
-    @staticmethod
-    def _timed(signal: Signal, delay_ms: int | None, expires_in_ms: int | None) -> Signal:
-        """``signal`` with the ``send`` shorthands for ``not_before`` and ``expires_at``."""
-        changes: dict[str, float] = {}
-        now = unix_now()
-        if check_optional_int("delay_ms", delay_ms, minimum=0) is not None:
-            changes["not_before"] = now + delay_ms / 1000  # type: ignore[operator]
-        if check_optional_int("expires_in_ms", expires_in_ms) is not None:
-            changes["expires_at"] = now + expires_in_ms / 1000  # type: ignore[operator]
-        return signal.replace(**changes) if changes else signal
-
-    async def pause(self, thread_key: str) -> bool:
-        """Pause ``thread_key``, durably and for every process: it keeps accepting signals,
-        no run starts, and an active run is handed no further signal (the one in hand
-        finishes). Returns whether it was paused already."""
-        check_identifier("thread key", thread_key)
-        kit = self._kit_open()
-        was = await kit.core.pause(thread_key, True)
-        chain = self._chains.get(thread_key)
-        if chain is not None:
-            chain.pause()
-        owner = await self.leases.get_lease_owner(thread_key)
-        if owner is not None and run_runtime(owner) != self.runtime_id:
-            await kit.notify(run_runtime(owner), Notice("pause", thread_key, owner))
-        return was
-
-    async def resume(self, thread_key: str) -> bool:
-        """Resume a paused thread: its signals go on in order (a worker takes it at once).
-        Returns whether it was paused."""
-        check_identifier("thread key", thread_key)
-        kit = self._kit_open()
-        was = await kit.core.pause(thread_key, False)
-        if was:
-            chain = self._chains.get(thread_key)
-            if chain is not None:
-                chain.doorbell.ring()
-            elif self.agent is not None and not self._closed and not self._full():
-                self._taking_back.add(thread_key)  # claim it here; wait_idle counts it
-                self._work.put(thread_key)
-            else:
-                await kit.notify(None, Notice("work", thread_key))
-        return was
-
-    # -- schedules -------------------------------------------------------------------------
-
-    async def schedule(
-        self, schedule_id: str, thread_key: str, signal: Signal | Any, *,
-        every_ms: int | None = None, cron: str | None = None, tz: str = "UTC",
-        catch_up: CatchUp = "latest",
-    ) -> Schedule:
-        """Send ``signal`` into ``thread_key`` every ``every_ms`` milliseconds or by the
-        ``cron`` expression (croniter: ``"0 9 * * *"``, in the time zone ``tz``), each tick
-        exactly once across every process; durable. Declaring the same ``schedule_id`` again
-        with the same settings changes nothing (every worker can declare it at start); with
-        other settings it replaces the schedule. ``catch_up``: what ticks missed while no
-        worker ran do: ``latest`` fires one, ``all`` fires each, ``none`` skips them. A bad
-        cron expression, time zone or ``catch_up`` is a ``ValueError`` naming it."""
-        return await self._schedules().schedule(
-            schedule_id, thread_key, signal, every_ms=every_ms, cron=cron, tz=tz,
-            catch_up=catch_up)
-
-    async def unschedule(self, schedule_id: str) -> bool:
-        """Remove a schedule and its pending tick; ``False`` when there was none. A tick a run
-        already has finishes."""
-        return await self._schedules().unschedule(schedule_id)
-
-    async def schedules(self) -> list[Schedule]:
-        """Every schedule, by id."""
-        return await self._schedules().schedules()
-
-    def _schedules(self) -> Scheduler:
-        kit = self._kit_open()
-        if self._scheduler is None:
-            self._scheduler = Scheduler(kit, self.send, self.cancel, self._log)
-        return self._scheduler
-
-    async def _on_tick(self, thread_key: str, signal: Signal) -> bool:
-        try:
-            return await self._schedules().on_tick(thread_key, signal)
-        except (ClosedError, BackendError) as exc:
-            # The next tick is declared again by every schedule() at a worker's start.
-            self._log.warning("schedule.chain_failed", key=thread_key, signal_id=signal.id,
-                              error=repr(exc))
-            return True
 
     # -- runs ------------------------------------------------------------------------------
 
@@ -552,61 +444,3 @@ class SignalRuntime(ControlMixin, StreamsMixin, RecoveryMixin, AsyncContextManag
             self._lost.add(chain.thread_key)
             self._work.put(chain.thread_key)
         self._poke()
-
-    def _pending_here(self) -> int:
-        """Signals this process's runs hold and have not handed out (the ``signals.pending``
-        gauge; called from the metric reader's thread, so it copies before it iterates)."""
-        return sum(chain.run.pending for chain in list(self._chains.values())
-                   if chain.run is not None and not chain.run.ended)
-
-    def _on_lease_lost(self, lease: Any) -> None:
-        chain = self._chains.get(lease.key)
-        if chain is not None and chain.lease is lease:
-            self._telemetry.count("leases_lost")
-            self._log.warning("run.lease_lost", key=lease.key, run_id=lease.owner,
-                              token=lease.token, reason=lease.lost_reason)
-
-    def _on_notice(self, notice: Notice) -> None:
-        if notice.kind == "resync":
-            for each in self._chains.values():
-                each.doorbell.ring()
-            self._work.put(None)
-            return
-        chain = self._chains.get(notice.thread_key)
-        if notice.kind == "signal":
-            if chain is not None and notice.entry is not None:
-                chain.offer(notice.entry, notice.run_id)
-            elif chain is not None:
-                chain.doorbell.ring()
-            else:
-                self._work.put(notice.thread_key)  # not ours (any more): maybe nobody's
-        elif notice.kind == "work":
-            if chain is None:
-                self._work.put(notice.thread_key)
-        elif notice.kind == "due":
-            with contextlib.suppress(ValueError):
-                self._due_hint(float(notice.reason or ""))
-        elif notice.kind == "pause" and chain is not None:
-            chain.pause()
-        elif notice.kind == "abort" and chain is not None:
-            chain.cancel_run(_abort_reason(notice.reason), notice.run_id)
-
-
-def _check_reducers(reducers: Mapping[str, Reducer] | None) -> dict[str, Reducer]:
-    if reducers is None:
-        return {}
-    if not isinstance(reducers, Mapping):
-        raise TypeError(f"reducers must be a dict of lane -> function, got "
-                        f"{type(reducers).__name__}")
-    for lane, fn in reducers.items():
-        check_identifier("reducers lane", lane)
-        if not callable(fn):
-            raise TypeError(f"reducers[{lane!r}] must be a function taking a list of signals")
-    return dict(reducers)
-
-
-def _abort_reason(reason: str | None) -> str:
-    """The reason a run cancelled by an abort notice reports (``interrupt`` stays itself)."""
-    if reason == "interrupt":
-        return "interrupt"
-    return f"abort: {reason}" if reason else "abort"

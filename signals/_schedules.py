@@ -18,19 +18,24 @@ tick that was missed (the next one is already due when it is handed out) does.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from _signal_leases.aio import unix_now
+from _signal_leases.errors import BackendError, ClosedError
 from _signal_leases.validation import check_choice, check_identifier, check_optional_int
 from signals._model import Signal
 
 if TYPE_CHECKING:
+    from _signal_leases.logs import Logger
     from signals.kit._store import KitStore
 
-__all__ = ["SCHEDULES_THREAD", "TICK_PREFIX", "CatchUp", "Schedule", "Scheduler"]
+__all__ = [
+    "SCHEDULES_THREAD", "TICK_PREFIX", "CatchUp", "Schedule", "Scheduler", "SchedulesMixin",
+]
 
 CatchUp: TypeAlias = Literal["latest", "all", "none"]
 CATCH_UPS: tuple[CatchUp, ...] = ("latest", "all", "none")
@@ -249,3 +254,53 @@ def _schedule(payload: dict[str, Any], signal_id: str = "") -> _Stored:
     return _Stored(payload["schedule_id"], payload["thread_key"], signal, every_ms, cron, tz,
                    payload.get("catch_up", "latest"), anchor,
                    next_tick(every_ms, cron, tz, anchor, unix_now()), signal_id)
+
+
+class SchedulesMixin:
+    """The runtime's schedule calls (a mixin of :class:`~signals.SignalRuntime`)."""
+
+    _scheduler: Scheduler | None
+    _log: Logger
+    send: Any  # the runtime's (see SignalRuntime): what a tick sends and cancels with
+    cancel: Any
+    _kit_open: Callable[[], KitStore]
+
+    async def schedule(
+        self, schedule_id: str, thread_key: str, signal: Signal | Any, *,
+        every_ms: int | None = None, cron: str | None = None, tz: str = "UTC",
+        catch_up: CatchUp = "latest",
+    ) -> Schedule:
+        """Send ``signal`` into ``thread_key`` every ``every_ms`` milliseconds or by the
+        ``cron`` expression (croniter: ``"0 9 * * *"``, in the time zone ``tz``), each tick
+        exactly once across every process; durable. Declaring the same ``schedule_id`` again
+        with the same settings changes nothing (every worker can declare it at start); with
+        other settings it replaces the schedule. ``catch_up``: what ticks missed while no
+        worker ran do: ``latest`` fires one, ``all`` fires each, ``none`` skips them. A bad
+        cron expression, time zone or ``catch_up`` is a ``ValueError`` naming it."""
+        return await self._schedules().schedule(
+            schedule_id, thread_key, signal, every_ms=every_ms, cron=cron, tz=tz,
+            catch_up=catch_up)
+
+    async def unschedule(self, schedule_id: str) -> bool:
+        """Remove a schedule and its pending tick; ``False`` when there was none. A tick a run
+        already has finishes."""
+        return await self._schedules().unschedule(schedule_id)
+
+    async def schedules(self) -> list[Schedule]:
+        """Every schedule, by id."""
+        return await self._schedules().schedules()
+
+    def _schedules(self) -> Scheduler:
+        kit = self._kit_open()
+        if self._scheduler is None:
+            self._scheduler = Scheduler(kit, self.send, self.cancel, self._log)
+        return self._scheduler
+
+    async def _on_tick(self, thread_key: str, signal: Signal) -> bool:
+        try:
+            return await self._schedules().on_tick(thread_key, signal)
+        except (ClosedError, BackendError) as exc:
+            # The next tick is declared again by every schedule() at a worker's start.
+            self._log.warning("schedule.chain_failed", key=thread_key, signal_id=signal.id,
+                              error=repr(exc))
+            return True

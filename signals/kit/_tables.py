@@ -2,7 +2,7 @@
 
 A driver is used inside one transaction (one engine call); its methods are synchronous and
 each is one simple statement in SQL (:mod:`signals.kit._sql`) or a dict operation in memory
-(``signals._backends.memory``). The engine (:mod:`signals.kit._engine`) holds every rule; a
+(``signals._backends.memory``). The engine (:mod:`signals.kit._rules`) holds every rule; a
 driver only stores and finds rows.
 """
 

@@ -1,6 +1,6 @@
 """Lua scripts of :class:`~signals.RedisSignalStore`: one round trip per core call.
 
-The same rules as the reference engine (``signals.kit._engine``), in Lua. Every inbox script
+The same rules as the reference engine (``signals.kit._rules``), in Lua. Every inbox script
 takes the same keys (:data:`KEY_NAMES`, all of one thread's hash tag, then the thread's
 pending-index shard and the claimer's thread set) and starts its ``ARGV`` with the same
 header: thread key, ``idx``, session prefix (``''`` when the store does not fuse with the
