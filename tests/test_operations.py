@@ -350,8 +350,12 @@ def test_http_requests_carry_trace_context_in_and_out() -> None:
                     parent = f"00-{TRACE}-b7ad6b7169203331-01"
                     r = await client.post("/threads/t/signals", json={"payload": 1, "id": "h1"},
                                           headers={"traceparent": parent})
-                await rt.wait_idle()
+                    await rt.wait_idle()
+                    # The event stream (its own response class) carries it back too.
+                    s = await client.get("/threads/t/stream?follow=false",
+                                         headers={"traceparent": parent})
             print(json.dumps({"status": r.status_code, "out": r.headers.get("traceparent"),
+                              "stream": [s.status_code, s.headers.get("traceparent")],
                               "spans": spans()}))
         anyio.run(main)
     """)
@@ -360,6 +364,7 @@ def test_http_requests_carry_trace_context_in_and_out() -> None:
     out = json.loads(result.stdout.strip().splitlines()[-1])
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     assert out["status"] == 200 and out["out"].split("-")[1] == trace_id
+    assert out["stream"][0] == 200 and out["stream"][1].split("-")[1] == trace_id
     by_name = {s["name"]: s for s in out["spans"]}
     server = by_name["POST /threads/{key}/signals"]
     assert server["kind"] == "SERVER" and server["trace"] == trace_id
