@@ -23,7 +23,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from signals._model import Signal
@@ -65,6 +65,7 @@ def _version() -> str:
         return "0"
 
 
+T = TypeVar("T")
 _RECHECK_S = 1.0  # while no provider is set, look for one at most this often
 
 
@@ -108,48 +109,54 @@ class _Instruments:
             description="Signals not yet acknowledged in the threads this process's runs hold")
 
 
+class _FromProvider(Generic[T]):
+    """What ``find`` makes from one of OpenTelemetry's global providers (``None`` while no SDK
+    provider is set), looked up at most every ``_RECHECK_S`` until found and then kept: a
+    provider is set once per process and never changes."""
+
+    __slots__ = ("_at", "_find", "value")
+
+    def __init__(self, find: Callable[[], T | None]) -> None:
+        self._find = find
+        self._at = 0.0
+        self.value: T | None = None
+
+    def get(self) -> T | None:
+        if self.value is not None:
+            return self.value
+        now = time.monotonic()
+        if now < self._at:
+            return None
+        if not _have_otel():
+            self._at = float("inf")  # no otel extra: never look again
+            return None
+        self._at = now + _RECHECK_S
+        self.value = self._find()
+        return self.value
+
+
+def _find_tracer() -> Any:
+    provider = otel_trace.get_tracer_provider()
+    if isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider):
+        return None
+    return provider.get_tracer("signals", _version())
+
+
+def _find_instruments() -> _Instruments | None:
+    provider = otel_metrics.get_meter_provider()
+    if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider"):
+        return None
+    return _Instruments(provider.get_meter("signals", _version()))
+
+
 class _Providers:
-    """OpenTelemetry's global providers as this process last saw them, looked up at most
-    every ``_RECHECK_S`` while none is set (a provider is set once: then it never changes)."""
+    """This process's tracer and instruments, and the runtimes the ``signals.pending`` gauge
+    sums."""
 
     def __init__(self) -> None:
-        self.tracer: Any = None
-        self.instruments: _Instruments | None = None
-        self._trace_at = 0.0
-        self._meter_at = 0.0
-        self.runtimes: weakref.WeakSet[Telemetry] = weakref.WeakSet()  # for the gauge
-
-    def get_tracer(self) -> Any:
-        if self.tracer is not None:
-            return self.tracer
-        now = time.monotonic()
-        if now < self._trace_at:
-            return None
-        self._trace_at = now + _RECHECK_S
-        if not _have_otel():
-            self._trace_at = float("inf")
-            return None
-        provider = otel_trace.get_tracer_provider()
-        if isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider):
-            return None
-        self.tracer = provider.get_tracer("signals", _version())
-        return self.tracer
-
-    def get_instruments(self) -> _Instruments | None:
-        if self.instruments is not None:
-            return self.instruments
-        now = time.monotonic()
-        if now < self._meter_at:
-            return None
-        self._meter_at = now + _RECHECK_S
-        if not _have_otel():
-            self._meter_at = float("inf")
-            return None
-        provider = otel_metrics.get_meter_provider()
-        if type(provider).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider"):
-            return None
-        self.instruments = _Instruments(provider.get_meter("signals", _version()))
-        return self.instruments
+        self.tracer: _FromProvider[Any] = _FromProvider(_find_tracer)
+        self.instruments: _FromProvider[_Instruments] = _FromProvider(_find_instruments)
+        self.runtimes: weakref.WeakSet[Telemetry] = weakref.WeakSet()
 
 
 _PROVIDERS = _Providers()
@@ -178,12 +185,12 @@ class Telemetry:
     @staticmethod
     def tracer() -> Any:
         """The tracer, or ``None`` when no SDK provider is set (or no API installed)."""
-        return _PROVIDERS.get_tracer()
+        return _PROVIDERS.tracer.get()
 
     @staticmethod
     def instruments() -> _Instruments | None:
         """The instruments, or ``None`` when no SDK meter provider is set."""
-        return _PROVIDERS.get_instruments()
+        return _PROVIDERS.instruments.get()
 
     # -- the runtime's own metrics ----------------------------------------------------------
 
@@ -191,7 +198,7 @@ class Telemetry:
     def count(name: str, value: int = 1) -> None:
         """Add ``value`` to the runtime counter ``name`` (``active_runs``, ``leases_lost``,
         ``dead_letters``, ``duplicates``)."""
-        instruments = _PROVIDERS.get_instruments()
+        instruments = _PROVIDERS.instruments.get()
         if instruments is not None:
             getattr(instruments, name).add(value)
 
