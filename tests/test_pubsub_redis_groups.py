@@ -143,6 +143,21 @@ async def test_exit_destroys_the_private_groups(
     assert not await redis_client.exists(f"{key_prefix}:alive:{ps.process_id}")
 
 
+async def test_only_a_subscriber_keeps_a_liveness_key(
+    redis_url: str, key_prefix: str, redis_client: redis.asyncio.Redis
+) -> None:
+    """A process that only publishes (a serverless sender) writes no liveness key; the first
+    subscription writes it before its group exists, and exit deletes it."""
+    ps = RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=100)
+    alive = f"{key_prefix}:alive:{ps.process_id}"
+    async with ps:
+        await ps.publish("t", Event("e"))
+        assert not await redis_client.exists(alive)
+        await ps.subscribe("t", Recorder())
+        assert await redis_client.pttl(alive) > 0
+    assert not await redis_client.exists(alive)
+
+
 # -- groups of dead processes ---------------------------------------------------------------
 
 

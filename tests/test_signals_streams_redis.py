@@ -212,3 +212,41 @@ async def test_a_follower_waiter_from_an_older_cursor_misses_nothing(
                 assert got == {"new": [6], "old": [3, 4, 5, 6]}, (round_, got)
     finally:
         await store.aclose()
+
+
+async def test_a_followed_part_costs_one_xread(redis_url: str, key_prefix: str) -> None:
+    """A reader that takes each part and asks for the next is served by one XREAD per part:
+    the follower reads on after what it handed out, not again from before it."""
+    import redis.asyncio
+
+    from signals import RedisSignalStore
+    from signals.kit import PartIn
+
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix)
+    stats = redis.asyncio.Redis.from_url(redis_url)
+    n = 30
+    try:
+        async with store.follower() as follower:
+            cursor = (await store.emit("t", [PartIn("part", "r/1", None, "0")]))[0]
+
+            async def xreads() -> int:
+                info: Any = await stats.info("commandstats")
+                return int(info.get("cmdstat_xread", {}).get("calls", 0))
+
+            before = await xreads()
+            for i in range(1, n + 1):
+                async with anyio.create_task_group() as tg:
+
+                    async def read(after: str = cursor) -> None:
+                        nonlocal cursor
+                        parts = await follower.wait("t", after)
+                        cursor = parts[-1].cursor
+
+                    tg.start_soon(read)
+                    await anyio.sleep(0.005)  # the follower is blocked in its read
+                    await store.emit("t", [PartIn("part", "r/1", None, str(i))])
+            used = await xreads() - before
+        assert used <= n + 3, f"{used} XREADs for {n} parts"
+    finally:
+        await stats.aclose()
+        await store.aclose()

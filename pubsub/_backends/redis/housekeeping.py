@@ -1,7 +1,9 @@
 """Upkeep of the Redis Streams backend: liveness, held entries, reclaim, and the sweep of dead
 processes' leftovers.
 
-Each entered ``RedisStreamsPubSub`` keeps ``<prefix>:alive:<process id>`` alive: its TTL,
+Each entered ``RedisStreamsPubSub`` that subscribes keeps ``<prefix>:alive:<process id>``
+alive (from just before its first consumer group; a process that only publishes, a serverless
+sender say, writes none): its TTL,
 ``10 * reclaim_idle_ms``, is the bound after which the others may take the process for dead
 (the value holds the same number, for operators); refreshed at least every
 ``reclaim_idle_ms / 3``, deleted on exit. Consumer idle times can't tell a dead process from a
@@ -47,6 +49,7 @@ class Housekeeper:
         self._alive_key = self._ctx.layout.alive(self._ctx.process_id)
         self._scope: anyio.CancelScope | None = None
         self._stopped = False
+        self._alive = False  # the key exists (set before this process's first group)
 
     def stop(self) -> None:
         """End :meth:`run` (the loop only: the task group's scope stays untouched)."""
@@ -59,8 +62,17 @@ class Housekeeper:
         ttl_ms = self._ctx.settings.alive_ttl_ms
         await self._ctx.client.set(self._alive_key, ttl_ms, px=ttl_ms)
 
+    async def ensure_alive(self) -> None:
+        """Write the liveness key unless written already: before this process creates its
+        first consumer group, so no other process takes that group for a dead one's."""
+        if not self._alive:
+            await self.beat()
+            self._alive = True
+
     async def forget_self(self) -> None:
         """Delete this process's liveness key (at exit, after its groups are gone)."""
+        if not self._alive:
+            return
         try:
             with map_errors("DEL"):
                 await self._ctx.client.delete(self._alive_key)
@@ -84,8 +96,9 @@ class Housekeeper:
                 reclaim = now - last_reclaim >= settings.reclaim_interval_ms / 1000 - 1e-3
                 sweep = now - last_sweep >= settings.reclaim_idle_ms / 1000 - 1e-3
                 try:
-                    with map_errors("SET"):
-                        await self.beat()
+                    if self._alive:
+                        with map_errors("SET"):
+                            await self.beat()
                 except BackendError as exc:
                     self._ctx.log.warning("pubsub.heartbeat_failed", error=repr(exc))
                 for slot in list(self._groups.slots.values()):

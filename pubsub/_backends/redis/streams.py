@@ -162,13 +162,14 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
 
     @asynccontextmanager
     async def backend_lifespan(self) -> AsyncIterator[None]:
-        """The reader connection(s), the liveness key and the two loops, while entered; at
-        exit the private groups and the liveness key go, and a client built here is closed."""
+        """The reader connection(s) and the two loops, while entered (the liveness key comes
+        with the first subscription); at exit the private groups and the liveness key go, and a
+        client built here is closed."""
         self._handle.require_asyncio()
         try:
             await self._handle.ready()
-            with map_errors("connect"):
-                await self._housekeeper.beat()
+            with map_errors("connect"):  # a wrong URL or a closed port fails here, at entry
+                await self._handle.client.ping()
         except BaseException:
             await self._close_clients()
             raise
@@ -219,6 +220,8 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
         self, topic: str, handler: EventHandler, *, group: str | None, start_from: StartFrom
     ) -> RedisSubscription:
         tg = self.task_group
+        with map_errors(f"subscribe to {topic!r}"):
+            await self._housekeeper.ensure_alive()
         slot, fresh = await self._groups.open(topic, group, start_from)
         sub = RedisSubscription(
             slot, handler, detach=self._groups.detach, wake_reader=self._reader.interrupt

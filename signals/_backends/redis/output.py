@@ -172,8 +172,10 @@ class RedisFollower:
         backoff = 0.05
         while True:
             generation = self._generation
+            # A woken waiter's reader comes back from its last part: read on from there,
+            # not again from before it (an XREAD that returned what was handed out already).
             self._reading = {
-                thread: min(stream_id(w.after) for w in waiters)
+                thread: min(stream_id(w.resume_at) for w in waiters)
                 for thread, waiters in self._waiters.items() if waiters
             }
             self._read_generation = generation

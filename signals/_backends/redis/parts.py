@@ -40,6 +40,12 @@ class Waiter:
     event: anyio.Event = field(default_factory=anyio.Event)
     parts: list[StreamPart] = field(default_factory=list)
 
+    @property
+    def resume_at(self) -> str:
+        """Where a read for this waiter goes on: after its last part once woken (its reader
+        asks again from there), else after ``after``."""
+        return self.parts[-1].cursor if self.parts and self.event.is_set() else self.after
+
 
 class Waiters(dict[str, list[Waiter]]):
     """Who waits on which thread's stream (both followers keep one)."""
