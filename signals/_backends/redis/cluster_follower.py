@@ -143,7 +143,7 @@ class ClusterFollower:
         waiters = list(self._waiters.get(thread_key, []))
         if not waiters:
             return
-        lowest = min(waiters, key=lambda w: stream_id(w.after)).after
+        lowest = min((w.resume_at for w in waiters), key=stream_id)  # woken: from its last part
         parts = await self._read(thread_key, lowest)
         for waiter in waiters:
             mine = [p for p in parts if stream_id(p.cursor) > stream_id(waiter.after)]
