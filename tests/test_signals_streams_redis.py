@@ -243,10 +243,12 @@ async def test_a_followed_part_costs_one_xread(redis_url: str, key_prefix: str) 
                         cursor = parts[-1].cursor
 
                     tg.start_soon(read)
-                    await anyio.sleep(0.005)  # the follower is blocked in its read
+                    await anyio.sleep(0.01)  # the follower is blocked in its read
                     await store.emit("t", [PartIn("part", "r/1", None, str(i))])
             used = await xreads() - before
-        assert used <= n + 3, f"{used} XREADs for {n} parts"
+        # One per part; a reader late for its part (a loaded machine) costs one more. Reading
+        # again from before each handed-out part would take 2 * n.
+        assert used <= n + 10, f"{used} XREADs for {n} parts"
     finally:
         await stats.aclose()
         await store.aclose()
