@@ -11,7 +11,8 @@ Also the import time alone (``python -X importtime``, the top-level modules' cum
 
 The checkout's modules are byte-compiled first, as ``pip install`` does: with
 ``PYTHONDONTWRITEBYTECODE`` set (some CI images and sandboxes set it), a module edited since
-its ``.pyc`` was written is compiled again in every fresh process, which measured +25 ms here.
+its ``.pyc`` was written is compiled again in every fresh process (eight stale modules cost
+16-18 ms of ``compile`` in one profile here).
 
     python bench/coldstart.py [--rounds 15] [--redis-url URL]
 
