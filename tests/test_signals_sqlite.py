@@ -13,8 +13,8 @@ import pytest
 from _signal_leases.sql.sqlite import SQLiteDatabase
 from leases import SQLiteLeaseProvider
 from pubsub import InMemoryPubSub, SQLitePubSub
-from signals import Run, SignalRuntime
-from signals.kit import SQLCore
+from signals import CursorExpiredError, Run, SignalRuntime
+from signals.kit import PartIn, SQLCore
 from signals.testing import SignalBackendConformance
 
 pytestmark = pytest.mark.anyio
@@ -77,20 +77,40 @@ def test_leases_without_a_notice_channel_are_refused(tmp_path: Path) -> None:
     assert not hasattr(core, "notify") and not hasattr(core, "listen")
 
 
-def _count_transactions(pubsub: SQLitePubSub) -> list[str]:
-    """The transactions ``pubsub``'s connections begin from now on (``BEGIN`` or ``BEGIN
-    IMMEDIATE``), recorded by SQLite's trace callback."""
+async def test_a_stream_drops_parts_past_its_age_when_the_next_one_comes(tmp_path: Path
+                                                                         ) -> None:
+    """The age limit holds although a part is trimmed only when the stream's oldest part is
+    past a limit (the check costs no statement of its own)."""
+    db = SQLiteDatabase(tmp_path / "signals.db")
+    core = SQLCore(db, stream_retention_ms=100)
+    old = await core.emit("t", [PartIn("part", "r/1", None, str(n)) for n in range(3)])
+    assert [p.data for p in await core.stream_read("t")] == [0, 1, 2]
+    await anyio.sleep(0.2)
+    await core.emit("t", [PartIn("part", "r/1", None, "3")])
+    assert [p.data for p in await core.stream_read("t")] == [3]
+    with pytest.raises(CursorExpiredError):
+        await core.stream_read("t", after=old[0])
+    await db.aclose()
+
+
+def _count_statements(pubsub: SQLitePubSub) -> list[str]:
+    """The statements ``pubsub``'s connections run from now on, recorded by SQLite's trace
+    callback."""
     seen: list[str] = []
     database = pubsub.sql_database
     connect = database.connect
 
     def counting() -> Any:
         conn = connect()
-        conn.set_trace_callback(lambda sql: seen.append(sql) if sql.startswith("BEGIN") else None)
+        conn.set_trace_callback(seen.append)
         return conn
 
     database.connect = counting  # type: ignore[method-assign]
     return seen
+
+
+def _begins(statements: list[str]) -> list[str]:
+    return [s for s in statements if s.startswith("BEGIN")]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -110,7 +130,7 @@ async def test_a_routed_signal_costs_one_write_on_each_side(anyio_backend: str,
     quiet: dict[str, Any] = {"idle_wait_ms": 60_000, "recover_interval_ms": 60_000,
                              "lease_ttl_ms": 60_000, "shutdown_timeout_ms": 0}
     owner_ps, sender_ps = SQLitePubSub(path, poll_ms=60_000), SQLitePubSub(path, poll_ms=60_000)
-    owner_tx, sender_tx = _count_transactions(owner_ps), _count_transactions(sender_ps)
+    owner_sql, sender_sql = _count_statements(owner_ps), _count_statements(sender_ps)
     async with owner_ps, sender_ps, SignalRuntime(pubsub=owner_ps, agent=agent, **quiet
                                                   ) as owner, \
             SignalRuntime(pubsub=sender_ps, agent=None, **quiet) as sender:
@@ -119,13 +139,19 @@ async def test_a_routed_signal_costs_one_write_on_each_side(anyio_backend: str,
             await first_done.wait()
         await anyio.sleep(0.2)  # the run now waits for its next signal
         await sender.receipt("t", "none")  # the sender's first core call checks the schema
-        owner_tx.clear()
-        sender_tx.clear()
+        owner_sql.clear()
+        sender_sql.clear()
         assert (await sender.send("t", "routed")).outcome == "deliver"
         with anyio.fail_after(5):
             await acked.wait()
         await anyio.sleep(0.2)
         assert owner.active_run("t") is not None  # the same run: no handoff, no claim
         # Besides, the doorbell reads who listens at most once a second (not per signal).
+        sender_tx, owner_tx = _begins(sender_sql), _begins(owner_sql)
         assert sender_tx.count("BEGIN IMMEDIATE") == 1 and len(sender_tx) <= 2, sender_tx
         assert sorted(owner_tx) == ["BEGIN", "BEGIN IMMEDIATE"], owner_tx
+        # And few statements: the sender's route is 14 with BEGIN and COMMIT (18 before the
+        # thread's row was written once, the inserted entry reused and a stream trimmed only
+        # when it has parts past its limits), the owner's notice read and acknowledgement 14.
+        assert len(sender_sql) - 3 * (len(sender_tx) - 1) <= 14, sender_sql
+        assert len(owner_sql) <= 14, owner_sql

@@ -25,24 +25,23 @@ class Engine(Rules):
               outbox: Outbox) -> Routed:
         leases = t.leases
         assert leases is not None, "fused calls need the engine's leases"
-        accepted, th = self.accept(t, key, signal, mode, limits, index=False)
+        accepted, th, e = self.accept(t, key, signal, mode, limits, index=False, save=False)
         live = leases.live(key)
         owner = live[0] if live is not None else None
-        if not accepted.fresh:
+        if not accepted.fresh or e is None:
             return Routed(accepted, owner)
         ready = accepted.due_at is None
         if owner is not None and not ready:
+            t.save_thread(th)
             outbox.add(None, Notice("due", key, reason=repr(accepted.due_at)))
             return Routed(accepted, owner)
         if owner is not None:
             carried = None
-            if mode == "deliver" and not th.paused and len(signal.encode()) <= CARRY_LIMIT:
-                e = t.by_signal(key, signal.id)
-                if e is not None:
-                    e.state, e.holder, e.attempts = "carried", owner, 1
-                    t.update(e)
-                    self._part(t, key, "signal.received", owner, e.sid, {"attempt": 1})
-                    carried = entry_of(e)
+            if mode == "deliver" and not th.paused and len(e.body) <= CARRY_LIMIT:
+                e.state, e.holder, e.attempts = "carried", owner, 1
+                t.update(e)
+                self._part(t, key, "signal.received", owner, e.sid, {"attempt": 1})
+                carried = entry_of(e)
             if run_runtime(owner) != sender:
                 outbox.add(run_runtime(owner), Notice("signal", key, owner, entry=carried))
             self._index(th, t.now)  # hidden while the lease lives; found if the owner dies

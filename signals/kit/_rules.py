@@ -185,17 +185,20 @@ class Rules:
     # -- the core ---------------------------------------------------------------------------
 
     def accept(self, t: Tables, key: str, signal: Signal, mode: EntryMode,
-               limits: Limits = NO_LIMITS, *, index: bool = True) -> tuple[Accepted, ThreadRow]:
+               limits: Limits = NO_LIMITS, *, index: bool = True, save: bool = True
+               ) -> tuple[Accepted, ThreadRow, EntryRow | None]:
+        """Accept ``signal``: its outcome, the thread's row and the entry stored (``None``
+        unless fresh). ``save=False``: the caller saves the row (when fresh)."""
         now = t.now
         th = self._thread(t, key)
         t.trim_receipts(key, now - self.retention_s, self.max_receipts)
         known = t.receipt(key, signal.id)
         if known is not None:
-            return Accepted("duplicate", receipt=_receipt(known)), th
+            return Accepted("duplicate", receipt=_receipt(known)), th, None
         lane = signal.lane
         state = th.lanes.get(lane, {}) if lane else {}
         if lane and signal.cache_key is not None and state.get("c") == signal.cache_key:
-            return Accepted("unchanged"), th
+            return Accepted("unchanged"), th, None
         victims = ([e for e in t.lane(key, lane) if e.state in _OPEN]
                    if lane and signal.merge == "supersede" else [])
         cap = limits.max_pending
@@ -205,7 +208,7 @@ class Rules:
             if drop is None or drop in victims:
                 reason = (f"thread {key!r} has {th.pending} pending signals, the most "
                           f"max_pending_per_thread={cap} allows")
-                return Accepted("rejected", reason=reason), th
+                return Accepted("rejected", reason=reason), th, None
             dropped = self._remove(t, th, [drop], "dropped")
         superseded = self._remove(t, th, victims, "superseded", by=signal.id)
         due = signal.not_before
@@ -242,10 +245,11 @@ class Rules:
         t.put_receipt(ReceiptRow(key, signal.id, status, now, at=now))
         if index or later:
             self._index(th, due if later and due is not None else now)
-        t.save_thread(th)
+        if save:
+            t.save_thread(th)
         receipt = Receipt(signal.id, status, at=now)  # type: ignore[arg-type]
         return Accepted("fresh", str(e.seq), receipt, None, tuple(superseded), tuple(dropped),
-                        due if later else None), th
+                        due if later else None), th, e
 
     def take(self, t: Tables, key: str, run: RunRef, acks: Sequence[Ack], max_attempts: int,
              first: bool) -> Taken:

@@ -232,9 +232,10 @@ class SQLTables:
                                           values))
         else:
             added = False
-        if added:
-            self._tx.write("UPDATE sig_threads SET receipts = receipts + 1 WHERE key = ?",
-                             (r.thread,))
+        if added:  # counted on the thread's row, which the first receipt may come before
+            self._tx.write("INSERT INTO sig_threads (key, seq, pending, paused, receipts) "
+                           "VALUES (?, 0, 0, 0, 1) ON CONFLICT (key) DO UPDATE SET "
+                           "receipts = sig_threads.receipts + 1", (r.thread,))
             return
         self._tx.write(
             "UPDATE sig_receipts SET status = ?, at = ?, run = ?, result = ?, error = ?, "
@@ -291,22 +292,26 @@ class SQLTables:
 
     def add_part(self, key: str, part: PartIn) -> str:
         tx = self._tx
-        n = int(tx.value(
+        # The part's number, and the oldest part kept (one index seek), in one round trip.
+        oldest = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
+        n, first_n, first_at = tx.one(
             "INSERT INTO sig_threads (key, seq, pending, paused, pseq) VALUES (?, 0, 0, 0, 1) "
-            "ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1 RETURNING pseq",
-            (key,)))
+            "ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1 RETURNING pseq, "
+            f"{oldest.format('n')}, {oldest.format('at')}", (key, key, key)) or (0, None, None)
+        n = int(n)
         tx.write("INSERT INTO sig_parts (thread, n, kind, run, sid, data, at) "
                  "VALUES (?, ?, ?, ?, ?, ?, ?)",
                  (key, n, part.kind, part.run_id or None, part.signal_id, part.data, self.now))
+        floor, before = n - self._max_parts, self.now - self._retention_s
+        if first_n is None or (int(first_n) > floor and float(first_at) >= before):
+            return str(n)  # nothing past the count or the age limit (parts come in time order)
         # Trim past the count and the age limits with two writes and no read (nothing to wait
         # for on a pipelining database): the trim point moves up, then what is below it goes.
         greatest = "GREATEST" if tx.dialect == "postgres" else "MAX"
         tx.write(
             f"UPDATE sig_threads SET ptrim = {greatest}(ptrim, COALESCE((SELECT MAX(n) FROM "
             "sig_parts WHERE thread = ? AND (n <= ? OR at < ?)), 0)) WHERE key = ?",
-            (key, n - self._max_parts, self.now - self._retention_s, key))
+            (key, floor, before, key))
         tx.write("DELETE FROM sig_parts WHERE thread = ? AND n <= (SELECT ptrim FROM sig_threads "
                  "WHERE key = ?)", (key, key))
         return str(n)
-
-
