@@ -53,6 +53,11 @@ class Tx:
         self.now_ms = now_ms
         self.wall = wall  # Unix time in seconds (receipts, due times, output parts)
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether writes go out without waiting (and :meth:`read_many` is one round trip)."""
+        return self._sync is not None
+
     def _sql(self, sql: str) -> str:
         return sql if self._param == "?" else sql.replace("?", self._param)
 
@@ -84,6 +89,23 @@ class Tx:
         """Every row of a query."""
         self._cursor.execute(self._sql(sql), tuple(params))
         return [tuple(r) for r in self._cursor.fetchall()]
+
+    def read_many(self, queries: Sequence[tuple[str, Sequence[Any]]]
+                  ) -> list[list[tuple[Any, ...]]]:
+        """Every row of each query, in order. On a pipelining database they all go out
+        before the first answer is awaited: one round trip for all of them."""
+        if self._sync is None:
+            return [self.all(sql, params) for sql, params in queries]
+        conn = self._cursor.connection
+        cursors = [conn.cursor() for _ in queries]
+        try:
+            for cursor, (sql, params) in zip(cursors, queries, strict=True):
+                cursor.execute(self._sql(sql), tuple(params))
+            self._sync()
+            return [[tuple(r) for r in cursor.fetchall()] for cursor in cursors]
+        finally:
+            for cursor in cursors:
+                cursor.close()
 
     def value(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The first column of the first row (``None`` when there is no row)."""

@@ -190,8 +190,10 @@ class Rules:
         """Accept ``signal``: its outcome, the thread's row and the entry stored (``None``
         unless fresh). ``save=False``: the caller saves the row (when fresh)."""
         now = t.now
+        window = now - self.retention_s
+        t.preload(key, (signal.id,), window)
         th = self._thread(t, key)
-        t.trim_receipts(key, now - self.retention_s, self.max_receipts)
+        t.trim_receipts(key, window, self.max_receipts)
         known = t.receipt(key, signal.id)
         if known is not None:
             return Accepted("duplicate", receipt=_receipt(known)), th, None
@@ -253,6 +255,7 @@ class Rules:
 
     def take(self, t: Tables, key: str, run: RunRef, acks: Sequence[Ack], max_attempts: int,
              first: bool) -> Taken:
+        t.preload(key, [a.signal_id for a in acks], None)
         th = t.thread(key)
         if th is None:
             return Taken()
@@ -304,6 +307,7 @@ class Rules:
 
     def settle(self, t: Tables, key: str, run: RunRef, acks: Sequence[Ack],
                failed: Sequence[str], returned: Sequence[str], error: str | None) -> bool:
+        t.preload(key, [*returned, *(a.signal_id for a in acks), *failed], None)
         th = t.thread(key)
         if th is None:
             return True

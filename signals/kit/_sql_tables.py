@@ -30,6 +30,10 @@ _E = ("thread, seq, sid, body, mode, prio, lane, merge, state, due, nb, expires,
       "attempts, error")
 _R = "thread, sid, status, accepted, at, run, result, error, by_sid, body, mode, attempts"
 _T = "key, seq, pending, paused, token, run, since, last, look, abort, lanes"
+# A thread's receipt count and its oldest receipts accepted before a time (key, key, time).
+_TRIM = ("SELECT CAST(NULL AS TEXT), receipts FROM sig_threads WHERE key = ? UNION ALL "
+         "SELECT * FROM (SELECT sid, CAST(NULL AS BIGINT) FROM sig_receipts WHERE thread = ? "
+         "AND accepted < ? ORDER BY accepted LIMIT 100) AS old")
 
 
 def ddl(dialect: str) -> list[str]:
@@ -68,12 +72,17 @@ class _Leases:
 
     def __init__(self, tx: Tx) -> None:
         self._tx = tx
+        #: key -> its live lease, read ahead by SQLTables.preload (used once)
+        self.ahead: dict[str, tuple[str, int | None, str | None] | None] = {}
 
     def live(self, key: str) -> tuple[str, int | None, str | None] | None:
+        if key in self.ahead:
+            return self.ahead.pop(key)
         found = sql_leases.live(self._tx, key)
         return None if found is None else (found.owner, found.token, found.session)
 
     def grant(self, key: str, owner: str, ttl_ms: int, session: str | None) -> int | None:
+        self.ahead.pop(key, None)
         sql_leases.lock(self._tx, key)
         if sql_leases.live(self._tx, key) is not None:
             return None
@@ -82,11 +91,16 @@ class _Leases:
         return sql_leases.grant(self._tx, key, owner, ttl_ms, session)
 
     def release(self, key: str, owner: str) -> None:
+        self.ahead.pop(key, None)
         sql_leases.release(self._tx, key, owner)
 
     def left_ms(self, key: str) -> int | None:
         found = sql_leases.info(self._tx, key)
         return None if found is None else found[2]
+
+
+def _first(rows: list[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    return rows[0] if rows else None
 
 
 def _thread(row: tuple[Any, ...]) -> ThreadRow:
@@ -113,13 +127,21 @@ class SQLTables:
         self._tx = self.tx = tx
         self.now = tx.wall
         self.streams = True
-        self.leases: LeaseAccess | None = _Leases(tx) if fused else None
+        self._leases = _Leases(tx) if fused else None
+        self.leases: LeaseAccess | None = self._leases
         self._max_parts = stream_max_parts
         self._retention_s = stream_retention_s
         self._locked: set[str] = set()
         # (thread, sid) -> whether its receipt row exists, as this transaction saw or made it
         # (an insert or an update is then a write that nothing waits for)
         self._receipts: dict[tuple[str, str], bool] = {}
+        # Rows read ahead by preload, each used by the first read that asks for it and
+        # dropped by any write that changes it first.
+        self._ahead_thread: dict[str, ThreadRow | None] = {}
+        self._ahead_part: dict[str, tuple[int, int | None, float | None]] = {}
+        self._ahead_trim: dict[tuple[str, float], list[tuple[Any, ...]]] = {}
+        self._ahead_receipt: dict[tuple[str, str], ReceiptRow | None] = {}
+        self._ahead_entry: dict[tuple[str, str], EntryRow | None] = {}
 
     def _lock(self, key: str) -> None:
         if self._tx.dialect == "postgres" and key not in self._locked:
@@ -127,14 +149,60 @@ class SQLTables:
             self._tx.write("SELECT pg_advisory_xact_lock(1397311815, hashtext(?))", (key,))
             self._locked.add(key)
 
+    def preload(self, key: str, sids: Sequence[str], receipts_before: float | None) -> None:
+        """On a pipelining database (Postgres), read at once what a call on ``key`` reads
+        first: the thread's row, its live lease, the receipts and entries of ``sids``, its
+        receipt count and oldest receipts (``receipts_before``: the dedup window's start)
+        and where its stream stands. One round trip instead of one per read; the call's
+        writes then go out without waiting, so the thread's lock is held for about two
+        round trips (this one and the commit). Elsewhere it does nothing: each read is a
+        statement either way."""
+        tx = self._tx
+        if not tx.pipelined or key in self._ahead_thread:
+            return
+        self._lock(key)
+        oldest = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
+        queries: list[tuple[str, Sequence[Any]]] = [(
+            f"SELECT {_T}, pseq, {oldest.format('n')}, {oldest.format('at')} FROM sig_threads "
+            "WHERE key = ?", (key, key, key))]
+        if self._leases is not None:
+            queries.append((f"SELECT l.owner, l.token, l.session FROM leases AS l WHERE "
+                            f"l.key = ? AND {sql_leases.LIVE}", (key, tx.now_ms)))
+        if receipts_before is not None:
+            queries.append((_TRIM, (key, key, receipts_before)))
+        for sid in sids:
+            queries.append((f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?",
+                            (key, sid)))
+            queries.append((f"SELECT {_E} FROM sig_entries WHERE thread = ? AND sid = ?",
+                            (key, sid)))
+        found = iter(tx.read_many(queries))
+        row = _first(next(found))
+        self._ahead_thread[key] = None if row is None else _thread(row[:11])
+        self._ahead_part[key] = (0, None, None) if row is None else (
+            int(row[11]), row[12], row[13])
+        if self._leases is not None:
+            lease = _first(next(found))
+            self._leases.ahead[key] = None if lease is None else (lease[0], int(lease[1]),
+                                                                  lease[2])
+        if receipts_before is not None:
+            self._ahead_trim[(key, receipts_before)] = next(found)
+        for sid in sids:
+            receipt = _first(next(found))
+            self._ahead_receipt[(key, sid)] = None if receipt is None else _receipt(receipt)
+            entry = _first(next(found))
+            self._ahead_entry[(key, sid)] = None if entry is None else _entry(entry)
+
     # -- threads ----------------------------------------------------------------------------
 
     def thread(self, key: str) -> ThreadRow | None:
+        if key in self._ahead_thread:
+            return self._ahead_thread.pop(key)
         self._lock(key)
         row = self._tx.one(f"SELECT {_T} FROM sig_threads WHERE key = ?", (key,))
         return None if row is None else _thread(row)
 
     def save_thread(self, r: ThreadRow) -> None:
+        self._ahead_thread.pop(r.key, None)
         self._tx.write(
             f"INSERT INTO sig_threads ({_T}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, pending = excluded.pending, "
@@ -148,6 +216,7 @@ class SQLTables:
     # -- entries ----------------------------------------------------------------------------
 
     def insert(self, e: EntryRow) -> None:
+        self._ahead_entry.pop((e.thread, e.sid), None)
         self._tx.write(
             f"INSERT INTO sig_entries ({_E}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (e.thread, e.seq, e.sid, e.body, e.mode, e.prio, e.lane, e.merge, e.state, e.due,
@@ -155,6 +224,7 @@ class SQLTables:
         )
 
     def update(self, e: EntryRow) -> None:
+        self._ahead_entry.pop((e.thread, e.sid), None)
         self._tx.write(
             "UPDATE sig_entries SET state = ?, due = ?, holder = ?, attempts = ?, error = ? "
             "WHERE thread = ? AND seq = ?",
@@ -162,6 +232,10 @@ class SQLTables:
         )
 
     def delete(self, key: str, seqs: Sequence[int]) -> None:
+        gone = set(seqs)
+        for ahead, row in list(self._ahead_entry.items()):
+            if ahead[0] == key and row is not None and row.seq in gone:
+                del self._ahead_entry[ahead]
         self._tx.many("DELETE FROM sig_entries WHERE thread = ? AND seq = ?",
                       [(key, s) for s in seqs])
 
@@ -170,6 +244,8 @@ class SQLTables:
             f"SELECT {_E} FROM sig_entries WHERE thread = ? AND {where} {tail}", params)]
 
     def by_signal(self, key: str, sid: str) -> EntryRow | None:
+        if (key, sid) in self._ahead_entry:
+            return self._ahead_entry.pop((key, sid))
         rows = self._rows("sid = ?", (key, sid))
         return rows[0] if rows else None
 
@@ -213,12 +289,21 @@ class SQLTables:
     # -- receipts ---------------------------------------------------------------------------
 
     def receipt(self, key: str, sid: str) -> ReceiptRow | None:
+        if (key, sid) in self._ahead_receipt:
+            ahead = self._ahead_receipt.pop((key, sid))
+            self._receipts[(key, sid)] = ahead is not None
+            return ahead
         row = self._tx.one(f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?",
                            (key, sid))
         self._receipts[(key, sid)] = row is not None
         return None if row is None else _receipt(row)
 
     def put_receipt(self, r: ReceiptRow) -> None:
+        self._ahead_receipt.pop((r.thread, r.sid), None)
+        for ahead in [k for k in self._ahead_trim if k[0] == r.thread]:
+            del self._ahead_trim[ahead]  # the count it holds is changing
+        if self._ahead_thread.get(r.thread, 0) is None:
+            del self._ahead_thread[r.thread]  # the row may be created below
         known = self._receipts.get((r.thread, r.sid))
         self._receipts[(r.thread, r.sid)] = True
         values = (r.thread, r.sid, r.status, r.accepted, r.at, r.run, r.result, r.error, r.by,
@@ -246,10 +331,9 @@ class SQLTables:
 
     def trim_receipts(self, key: str, before: float, keep: int) -> None:
         # The count and the oldest receipts past the window, in one round trip.
-        found = self._tx.all(
-            "SELECT CAST(NULL AS TEXT), receipts FROM sig_threads WHERE key = ? UNION ALL "
-            "SELECT * FROM (SELECT sid, CAST(NULL AS BIGINT) FROM sig_receipts WHERE thread = ? "
-            "AND accepted < ? ORDER BY accepted LIMIT 100) AS old", (key, key, before))
+        found = self._ahead_trim.pop((key, before), None)
+        if found is None:
+            found = self._tx.all(_TRIM, (key, key, before))
         count = next((r[1] for r in found if r[0] is None), 0)
         old = [r for r in found if r[0] is not None]
         over = max(0, int(count or 0) - len(old) - keep + 1)
@@ -260,6 +344,7 @@ class SQLTables:
         if old:
             for r in old:
                 self._receipts.pop((key, r[0]), None)
+                self._ahead_receipt.pop((key, r[0]), None)
             self._tx.many("DELETE FROM sig_receipts WHERE thread = ? AND sid = ?",
                           [(key, r[0]) for r in old])
             self._tx.write("UPDATE sig_threads SET receipts = receipts - ? WHERE key = ?",
@@ -292,21 +377,32 @@ class SQLTables:
 
     def add_part(self, key: str, part: PartIn) -> str:
         tx = self._tx
-        # The part's number, and the oldest part kept (one index seek), in one round trip.
-        oldest = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
-        n, first_n, first_at = tx.one(
-            "INSERT INTO sig_threads (key, seq, pending, paused, pseq) VALUES (?, 0, 0, 0, 1) "
-            "ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1 RETURNING pseq, "
-            f"{oldest.format('n')}, {oldest.format('at')}", (key, key, key)) or (0, None, None)
-        n = int(n)
+        self._lock(key)  # numbers parts in turn with calls that read the number ahead
+        upsert = ("INSERT INTO sig_threads (key, seq, pending, paused, pseq) VALUES (?, 0, 0, 0, "
+                  "1) ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1")
+        ahead = self._ahead_part.pop(key, None)
+        if ahead is not None:  # read ahead (preload): the upsert need not answer
+            n, first_n, first_at = ahead[0] + 1, ahead[1], ahead[2]
+            tx.write(upsert, (key,))
+            self._ahead_part[key] = (n, n, self.now) if first_n is None else (
+                n, first_n, first_at)
+        else:
+            # The part's number, and the oldest part kept (one index seek), in one round trip.
+            oldest = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
+            n, first_n, first_at = tx.one(
+                f"{upsert} RETURNING pseq, {oldest.format('n')}, {oldest.format('at')}",
+                (key, key, key)) or (0, None, None)
+            n = int(n)
         tx.write("INSERT INTO sig_parts (thread, n, kind, run, sid, data, at) "
                  "VALUES (?, ?, ?, ?, ?, ?, ?)",
                  (key, n, part.kind, part.run_id or None, part.signal_id, part.data, self.now))
         floor, before = n - self._max_parts, self.now - self._retention_s
-        if first_n is None or (int(first_n) > floor and float(first_at) >= before):
+        if first_n is None or (int(first_n) > floor and first_at is not None
+                                and float(first_at) >= before):
             return str(n)  # nothing past the count or the age limit (parts come in time order)
         # Trim past the count and the age limits with two writes and no read (nothing to wait
         # for on a pipelining database): the trim point moves up, then what is below it goes.
+        self._ahead_part.pop(key, None)
         greatest = "GREATEST" if tx.dialect == "postgres" else "MAX"
         tx.write(
             f"UPDATE sig_threads SET ptrim = {greatest}(ptrim, COALESCE((SELECT MAX(n) FROM "

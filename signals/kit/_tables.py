@@ -104,6 +104,11 @@ class Tables(Protocol):
     streams: bool  # whether add_part stores lifecycle parts
     leases: LeaseAccess | None  # the fused leases, when the engine fuses
 
+    def preload(self, key: str, sids: Sequence[str], receipts_before: float | None) -> None:
+        """A hint before a call's first read of ``key``: what it will read first (the
+        thread, its lease, the receipts and entries of ``sids``, its receipts before
+        ``receipts_before``) may be read at once. Any driver may ignore it."""
+
     def thread(self, key: str) -> ThreadRow | None: ...
     def save_thread(self, row: ThreadRow) -> None: ...
 

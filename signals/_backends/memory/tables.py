@@ -84,6 +84,9 @@ class MemoryTables:
 
     # -- threads ----------------------------------------------------------------------------
 
+    def preload(self, key: str, sids: Sequence[str], receipts_before: float | None) -> None:
+        """Nothing to read ahead in memory."""
+
     def thread(self, key: str) -> ThreadRow | None:
         return self._s.threads.get(key)
 
