@@ -42,16 +42,35 @@ class Tx:
     comparison of one operation uses this one value.
     """
 
-    __slots__ = ("_cursor", "_param", "_sync", "dialect", "now_ms", "wall")
+    __slots__ = ("_clock", "_cursor", "_now", "_param", "_sync", "dialect")
 
-    def __init__(self, cursor: Any, param: str, dialect: str, now_ms: int, wall: float,
+    def __init__(self, cursor: Any, param: str, dialect: str,
+                 clock: tuple[int, float] | Callable[[], tuple[int, float]],
                  sync: Callable[[], None] | None = None) -> None:
         self._cursor = cursor
         self._param = param
         self._sync = sync  # pipelined (Postgres): wait for what was sent before a row count
         self.dialect = dialect  # "sqlite" or "postgres": for the few statements that differ
-        self.now_ms = now_ms
-        self.wall = wall  # Unix time in seconds (receipts, due times, output parts)
+        # (ms, Unix time), or what reads it when first asked (its answer may come with the
+        # transaction's first reads: see Database.begin_later)
+        self._now = clock if isinstance(clock, tuple) else None
+        self._clock = None if isinstance(clock, tuple) else clock
+
+    def _read_clock(self) -> tuple[int, float]:
+        if self._now is None:
+            assert self._clock is not None
+            self._now = self._clock()
+        return self._now
+
+    @property
+    def now_ms(self) -> int:
+        """The database's clock for this transaction, in ms."""
+        return (self._now or self._read_clock())[0]
+
+    @property
+    def wall(self) -> float:
+        """Unix time of this transaction in seconds (receipts, due times, output parts)."""
+        return (self._now or self._read_clock())[1]
 
     @property
     def pipelined(self) -> bool:
@@ -170,6 +189,22 @@ class Database(ABC):
         """Whether a connection that raised may go back to the pool."""
         return True
 
+    #: Run read-only calls without a transaction, each statement on its own: no BEGIN or
+    #: COMMIT to wait for (where a transaction gives a call's reads no common snapshot anyway,
+    #: as under Postgres's READ COMMITTED). Then :meth:`read_clock` gives the clock.
+    reads_autocommit = False
+
+    def read_clock(self, cursor: Any) -> tuple[int, float]:
+        """The clock (as :meth:`begin` returns it) outside a transaction."""
+        raise NotImplementedError
+
+    def begin_later(self, cursor: Any, write: bool
+                    ) -> tuple[int, float] | Callable[[], tuple[int, float]]:
+        """:meth:`begin` on a pipelining connection (inside :meth:`pipeline`): may send the
+        start of the transaction and the clock's query without waiting, and return what
+        reads the clock when the call first needs it."""
+        return self.begin(cursor, write)
+
     def pipeline(self, conn: Any) -> Any:
         """A context manager in which ``conn`` pipelines statements (``None``: it does not),
         entered around each transaction; what it yields has ``sync()``, which waits for what
@@ -203,15 +238,21 @@ class Database(ABC):
         try:
             cursor = conn.cursor()
             try:
-                now_ms, wall = self.begin(cursor, write)
+                if not write and self.reads_autocommit:
+                    return fn(Tx(cursor, self.param, self.dialect,
+                                 lambda: self.read_clock(cursor)))
                 pipeline = self.pipeline(conn)
                 if pipeline is None:
-                    result = fn(Tx(cursor, self.param, self.dialect, now_ms, wall))
-                else:
-                    with pipeline as entered:
-                        result = fn(Tx(cursor, self.param, self.dialect, now_ms, wall,
-                                       entered.sync))
-                conn.commit()
+                    result = fn(Tx(cursor, self.param, self.dialect, self.begin(cursor, write)))
+                    conn.commit()
+                    return result
+                with pipeline as entered:
+                    # BEGIN, the clock, the call's statements and COMMIT all go out as they
+                    # come; only the reads wait (the first one brings the clock along).
+                    tx = Tx(cursor, self.param, self.dialect, self.begin_later(cursor, write),
+                            entered.sync)
+                    result = fn(tx)
+                    cursor.execute("COMMIT")
                 return result
             except BaseException:
                 try:

@@ -49,6 +49,7 @@ __all__ = [
     "grant",
     "info",
     "live",
+    "live_at",
     "lock",
     "open_session",
     "release",
@@ -70,6 +71,12 @@ _EXPIRY = (
 _LIVE = f"{_EXPIRY} > ?"  # NULL (a session that is gone) is not live
 #: The condition "the lease row ``l`` is live", with one parameter: ``tx.now_ms``.
 LIVE = _LIVE
+
+
+def live_at(now_sql: str) -> str:
+    """:data:`LIVE` with the clock given as SQL (no parameter)."""
+    return f"{_EXPIRY} > {now_sql}"
+
 _RENEW = "CASE WHEN l.session IS NULL THEN ? ELSE l.expires_ms END"  # a session lease: as is
 _CHUNK = 500  # (key, owner) pairs per renewal statement: 1,000 parameters, well under limits
 

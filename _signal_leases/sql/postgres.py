@@ -60,6 +60,10 @@ def _safe_dsn(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)\S+", r"\1***", text)
 
 
+#: The transaction's clock in ms, in SQL: what ``Tx.now_ms`` holds in a Postgres transaction.
+NOW_MS = "(extract(epoch FROM transaction_timestamp()) * 1000)::bigint"
+
+
 class PostgresDatabase(Database):
     """A PostgreSQL database (see the module docstring).
 
@@ -132,10 +136,34 @@ class PostgresDatabase(Database):
             conn.commit()
 
     def begin(self, cursor: Any, write: bool) -> tuple[int, float]:
-        cursor.execute("BEGIN; SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+        cursor.execute(f"BEGIN; SELECT {NOW_MS}")
         cursor.nextset()
         now_ms = int(cursor.fetchone()[0])
         return now_ms, now_ms / 1000
+
+    reads_autocommit = True  # READ COMMITTED: each statement sees the latest commit anyway
+
+    def read_clock(self, cursor: Any) -> tuple[int, float]:
+        cursor.execute(f"SELECT {NOW_MS}")
+        now_ms = int(cursor.fetchone()[0])
+        return now_ms, now_ms / 1000
+
+    def begin_later(self, cursor: Any, write: bool) -> Any:
+        """BEGIN and the clock's query go out with the call's first statements; the clock is
+        the transaction's start (``transaction_timestamp()``), so SQL of the same
+        transaction can use :data:`NOW_MS` for the very value the call compares with."""
+        cursor.execute("BEGIN")
+        clock = cursor.connection.cursor()
+        clock.execute(f"SELECT {NOW_MS}")
+
+        def read() -> tuple[int, float]:
+            try:
+                now_ms = int(clock.fetchone()[0])
+            finally:
+                clock.close()
+            return now_ms, now_ms / 1000
+
+        return read
 
     def pipeline(self, conn: Any) -> Any:
         """psycopg's pipeline mode: writes whose results nobody reads go out without waiting,

@@ -76,7 +76,7 @@ class _NotifyDoorbell:
     def ring_in(self, tx: Tx, topics: Collection[str]) -> None:
         for topic in topics:
             payload = topic if len(topic.encode()) <= _MAX_PAYLOAD else ""  # "": every topic
-            tx.execute("SELECT pg_notify(?, ?)", (self.channel, payload))
+            tx.write("SELECT pg_notify(?, ?)", (self.channel, payload))  # nothing waits
 
     async def ring(self, topics: Collection[str]) -> None:
         """Nothing: :meth:`ring_in` rang in the transaction."""

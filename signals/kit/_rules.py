@@ -189,11 +189,10 @@ class Rules:
                ) -> tuple[Accepted, ThreadRow, EntryRow | None]:
         """Accept ``signal``: its outcome, the thread's row and the entry stored (``None``
         unless fresh). ``save=False``: the caller saves the row (when fresh)."""
+        t.preload(key, (signal.id,), self.retention_s)
         now = t.now
-        window = now - self.retention_s
-        t.preload(key, (signal.id,), window)
         th = self._thread(t, key)
-        t.trim_receipts(key, window, self.max_receipts)
+        t.trim_receipts(key, now - self.retention_s, self.max_receipts)
         known = t.receipt(key, signal.id)
         if known is not None:
             return Accepted("duplicate", receipt=_receipt(known)), th, None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import _signal_leases.sql.leases as sql_leases
 from _signal_leases.sql import Tx
+from _signal_leases.sql.postgres import NOW_MS
 from signals.kit._capabilities import PartIn
 from signals.kit._tables import EntryRow, LeaseAccess, ReceiptRow, ThreadRow
 
@@ -125,7 +126,6 @@ class SQLTables:
     def __init__(self, tx: Tx, *, fused: bool, stream_max_parts: int,
                  stream_retention_s: float) -> None:
         self._tx = self.tx = tx
-        self.now = tx.wall
         self.streams = True
         self._leases = _Leases(tx) if fused else None
         self.leases: LeaseAccess | None = self._leases
@@ -139,37 +139,45 @@ class SQLTables:
         # dropped by any write that changes it first.
         self._ahead_thread: dict[str, ThreadRow | None] = {}
         self._ahead_part: dict[str, tuple[int, int | None, float | None]] = {}
-        self._ahead_trim: dict[tuple[str, float], list[tuple[Any, ...]]] = {}
+        self._ahead_trim: dict[str, list[tuple[Any, ...]]] = {}
         self._ahead_receipt: dict[tuple[str, str], ReceiptRow | None] = {}
         self._ahead_entry: dict[tuple[str, str], EntryRow | None] = {}
 
+    @property
+    def now(self) -> float:
+        """The transaction's Unix time (read when first needed: on Postgres it comes with
+        the call's first reads, see ``Database.begin_later``)."""
+        return self._tx.wall
+
     def _lock(self, key: str) -> None:
-        if self._tx.dialect == "postgres" and key not in self._locked:
+        if self._tx.dialect == "postgres" and self._tx.pipelined and key not in self._locked:
+            # (a read-only call runs outside a transaction there: nothing to serialize)
             # Sent without waiting: the server runs the next read only once it holds the lock.
             self._tx.write("SELECT pg_advisory_xact_lock(1397311815, hashtext(?))", (key,))
             self._locked.add(key)
 
-    def preload(self, key: str, sids: Sequence[str], receipts_before: float | None) -> None:
+    def preload(self, key: str, sids: Sequence[str], receipts_window: float | None) -> None:
         """On a pipelining database (Postgres), read at once what a call on ``key`` reads
         first: the thread's row, its live lease, the receipts and entries of ``sids``, its
-        receipt count and oldest receipts (``receipts_before``: the dedup window's start)
-        and where its stream stands. One round trip instead of one per read; the call's
-        writes then go out without waiting, so the thread's lock is held for about two
-        round trips (this one and the commit). Elsewhere it does nothing: each read is a
+        receipt count and the receipts older than ``receipts_window`` seconds (the dedup
+        window) and where its stream stands. They go out with BEGIN, the clock and the
+        thread's lock, and the call's writes with COMMIT: two round trips for the call,
+        whatever it reads first and writes. Elsewhere it does nothing: each read is a
         statement either way."""
         tx = self._tx
-        if not tx.pipelined or key in self._ahead_thread:
+        if not tx.pipelined or tx.dialect != "postgres" or key in self._ahead_thread:
             return
         self._lock(key)
         oldest = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
         queries: list[tuple[str, Sequence[Any]]] = [(
             f"SELECT {_T}, pseq, {oldest.format('n')}, {oldest.format('at')} FROM sig_threads "
             "WHERE key = ?", (key, key, key))]
-        if self._leases is not None:
+        if self._leases is not None:  # the clock in SQL: it comes back with these reads
             queries.append((f"SELECT l.owner, l.token, l.session FROM leases AS l WHERE "
-                            f"l.key = ? AND {sql_leases.LIVE}", (key, tx.now_ms)))
-        if receipts_before is not None:
-            queries.append((_TRIM, (key, key, receipts_before)))
+                            f"l.key = ? AND {sql_leases.live_at(NOW_MS)}", (key,)))
+        if receipts_window is not None:
+            queries.append((_TRIM.replace("accepted < ?", f"accepted < {NOW_MS} / 1000.0 - ?"),
+                            (key, key, receipts_window)))
         for sid in sids:
             queries.append((f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?",
                             (key, sid)))
@@ -184,8 +192,8 @@ class SQLTables:
             lease = _first(next(found))
             self._leases.ahead[key] = None if lease is None else (lease[0], int(lease[1]),
                                                                   lease[2])
-        if receipts_before is not None:
-            self._ahead_trim[(key, receipts_before)] = next(found)
+        if receipts_window is not None:
+            self._ahead_trim[key] = next(found)
         for sid in sids:
             receipt = _first(next(found))
             self._ahead_receipt[(key, sid)] = None if receipt is None else _receipt(receipt)
@@ -300,8 +308,7 @@ class SQLTables:
 
     def put_receipt(self, r: ReceiptRow) -> None:
         self._ahead_receipt.pop((r.thread, r.sid), None)
-        for ahead in [k for k in self._ahead_trim if k[0] == r.thread]:
-            del self._ahead_trim[ahead]  # the count it holds is changing
+        self._ahead_trim.pop(r.thread, None)  # the count it holds is changing
         if self._ahead_thread.get(r.thread, 0) is None:
             del self._ahead_thread[r.thread]  # the row may be created below
         known = self._receipts.get((r.thread, r.sid))
@@ -331,7 +338,7 @@ class SQLTables:
 
     def trim_receipts(self, key: str, before: float, keep: int) -> None:
         # The count and the oldest receipts past the window, in one round trip.
-        found = self._ahead_trim.pop((key, before), None)
+        found = self._ahead_trim.pop(key, None)  # (preload: the same window, by the same clock)
         if found is None:
             found = self._tx.all(_TRIM, (key, key, before))
         count = next((r[1] for r in found if r[0] is None), 0)

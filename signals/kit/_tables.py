@@ -100,14 +100,16 @@ class LeaseAccess(Protocol):
 class Tables(Protocol):
     """The engine's driver, inside one transaction (see the module docstring)."""
 
-    now: float  # Unix time of this transaction, in seconds
+    @property
+    def now(self) -> float:
+        """Unix time of this transaction, in seconds."""
     streams: bool  # whether add_part stores lifecycle parts
     leases: LeaseAccess | None  # the fused leases, when the engine fuses
 
-    def preload(self, key: str, sids: Sequence[str], receipts_before: float | None) -> None:
+    def preload(self, key: str, sids: Sequence[str], receipts_window: float | None) -> None:
         """A hint before a call's first read of ``key``: what it will read first (the
-        thread, its lease, the receipts and entries of ``sids``, its receipts before
-        ``receipts_before``) may be read at once. Any driver may ignore it."""
+        thread, its lease, the receipts and entries of ``sids``, its receipts older than
+        ``receipts_window`` seconds) may be read at once. Any driver may ignore it."""
 
     def thread(self, key: str) -> ThreadRow | None: ...
     def save_thread(self, row: ThreadRow) -> None: ...

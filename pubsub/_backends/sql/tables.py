@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _signal_leases.sql import Tx
+from _signal_leases.sql.postgres import NOW_MS
 
 __all__ = [
     "COMPONENT", "VERSION", "ack", "claim", "ddl", "events_after", "extend", "fail",
@@ -47,19 +48,19 @@ def ddl(dialect: str) -> list[str]:
     ]
 
 
-def publish(tx: Tx, topic: str, body: str) -> int:
+def publish(tx: Tx, topic: str, body: str) -> None:
     """Insert the event; its id orders it within its topic. Readers keep a cursor per topic,
     so ids must be visible in the order they were handed out: on SQLite the write lock makes
     it so; on Postgres the publishers of one topic take turns (a transaction-scoped advisory
     lock on the topic, held to the commit), so an id is never handed out while a smaller one
     of its topic may still commit."""
-    if tx.dialect == "postgres":
-        return int(tx.value(
-            "WITH turn AS (SELECT pg_advisory_xact_lock(1347634003, hashtext(?))) "
-            "INSERT INTO ps_events (topic, body, at_ms) SELECT ?, ?, ? FROM turn RETURNING id",
-            (topic, topic, body, tx.now_ms)))
-    return int(tx.value("INSERT INTO ps_events (topic, body, at_ms) VALUES (?, ?, ?) "
-                        "RETURNING id", (topic, body, tx.now_ms)))
+    if tx.dialect == "postgres":  # (a write nothing waits for: the id is not needed)
+        tx.write("WITH turn AS (SELECT pg_advisory_xact_lock(1347634003, hashtext(?))) "
+                 f"INSERT INTO ps_events (topic, body, at_ms) SELECT ?, ?, {NOW_MS} FROM turn",
+                 (topic, topic, body))
+        return
+    tx.write("INSERT INTO ps_events (topic, body, at_ms) VALUES (?, ?, ?)",
+             (topic, body, tx.now_ms))
 
 
 def latest_id(tx: Tx) -> int:

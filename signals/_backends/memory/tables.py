@@ -84,7 +84,7 @@ class MemoryTables:
 
     # -- threads ----------------------------------------------------------------------------
 
-    def preload(self, key: str, sids: Sequence[str], receipts_before: float | None) -> None:
+    def preload(self, key: str, sids: Sequence[str], receipts_window: float | None) -> None:
         """Nothing to read ahead in memory."""
 
     def thread(self, key: str) -> ThreadRow | None:
