@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from _signal_leases.sql import Tx
 
@@ -48,8 +48,9 @@ __all__ = [
     "ddl",
     "grant",
     "info",
+    "lease_of",
     "live",
-    "live_at",
+    "live_query",
     "lock",
     "open_session",
     "release",
@@ -73,9 +74,16 @@ _LIVE = f"{_EXPIRY} > ?"  # NULL (a session that is gone) is not live
 LIVE = _LIVE
 
 
-def live_at(now_sql: str) -> str:
-    """:data:`LIVE` with the clock given as SQL (no parameter)."""
-    return f"{_EXPIRY} > {now_sql}"
+def live_query(now_sql: str = "?") -> str:
+    """The query of :func:`live` (parameters: the key, then ``tx.now_ms`` unless the clock
+    is given as SQL in ``now_sql``); decode its row with :func:`lease_of`."""
+    return (f"SELECT l.owner, l.token, l.session FROM leases AS l WHERE l.key = ? AND "
+            f"{_EXPIRY} > {now_sql}")
+
+
+def lease_of(row: Sequence[Any] | None) -> Lease | None:
+    """The :class:`Lease` of a row of :func:`live_query` (``None``: no row)."""
+    return None if row is None else Lease(row[0], int(row[1]), row[2])
 
 _RENEW = "CASE WHEN l.session IS NULL THEN ? ELSE l.expires_ms END"  # a session lease: as is
 _CHUNK = 500  # (key, owner) pairs per renewal statement: 1,000 parameters, well under limits
@@ -130,11 +138,7 @@ def _next_token(tx: Tx) -> int:
 
 def live(tx: Tx, key: str) -> Lease | None:
     """The live lease on ``key``, or ``None`` (free, expired, or its session is gone)."""
-    row = tx.one(
-        f"SELECT l.owner, l.token, l.session FROM leases AS l WHERE l.key = ? AND {_LIVE}",
-        (key, tx.now_ms),
-    )
-    return None if row is None else Lease(row[0], int(row[1]), row[2])
+    return lease_of(tx.one(live_query(), (key, tx.now_ms)))
 
 
 def info(tx: Tx, key: str) -> tuple[str, int, int] | None:

@@ -64,6 +64,13 @@ def _safe_dsn(dsn: str) -> str:
 NOW_MS = "(extract(epoch FROM transaction_timestamp()) * 1000)::bigint"
 
 
+def _clock(cursor: Any) -> tuple[int, float]:
+    """The clock ``cursor`` holds (a row of ``SELECT NOW_MS``), as ``Database.begin``
+    returns it."""
+    now_ms = int(cursor.fetchone()[0])
+    return now_ms, now_ms / 1000
+
+
 class PostgresDatabase(Database):
     """A PostgreSQL database (see the module docstring).
 
@@ -138,15 +145,13 @@ class PostgresDatabase(Database):
     def begin(self, cursor: Any, write: bool) -> tuple[int, float]:
         cursor.execute(f"BEGIN; SELECT {NOW_MS}")
         cursor.nextset()
-        now_ms = int(cursor.fetchone()[0])
-        return now_ms, now_ms / 1000
+        return _clock(cursor)
 
     reads_autocommit = True  # READ COMMITTED: each statement sees the latest commit anyway
 
     def read_clock(self, cursor: Any) -> tuple[int, float]:
         cursor.execute(f"SELECT {NOW_MS}")
-        now_ms = int(cursor.fetchone()[0])
-        return now_ms, now_ms / 1000
+        return _clock(cursor)
 
     def begin_later(self, cursor: Any, write: bool) -> Any:
         """BEGIN and the clock's query go out with the call's first statements; the clock is
@@ -158,10 +163,9 @@ class PostgresDatabase(Database):
 
         def read() -> tuple[int, float]:
             try:
-                now_ms = int(clock.fetchone()[0])
+                return _clock(clock)
             finally:
                 clock.close()
-            return now_ms, now_ms / 1000
 
         return read
 

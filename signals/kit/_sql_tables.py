@@ -31,10 +31,18 @@ _E = ("thread, seq, sid, body, mode, prio, lane, merge, state, due, nb, expires,
       "attempts, error")
 _R = "thread, sid, status, accepted, at, run, result, error, by_sid, body, mode, attempts"
 _T = "key, seq, pending, paused, token, run, since, last, look, abort, lanes"
-# A thread's receipt count and its oldest receipts accepted before a time (key, key, time).
-_TRIM = ("SELECT CAST(NULL AS TEXT), receipts FROM sig_threads WHERE key = ? UNION ALL "
-         "SELECT * FROM (SELECT sid, CAST(NULL AS BIGINT) FROM sig_receipts WHERE thread = ? "
-         "AND accepted < ? ORDER BY accepted LIMIT 100) AS old")
+_RECEIPT = f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?"
+_ENTRY = f"SELECT {_E} FROM sig_entries WHERE thread = ? AND sid = ?"
+# A column of a thread's oldest part kept (one index seek; parameter: the thread).
+_OLDEST_PART = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
+
+
+def _trim_query(before: str = "?") -> str:
+    """A thread's receipt count and its oldest receipts accepted before ``before`` (a
+    parameter, or SQL); parameters: the thread twice, then ``before``'s if any."""
+    return ("SELECT CAST(NULL AS TEXT), receipts FROM sig_threads WHERE key = ? UNION ALL "
+            "SELECT * FROM (SELECT sid, CAST(NULL AS BIGINT) FROM sig_receipts WHERE thread = ? "
+            f"AND accepted < {before} ORDER BY accepted LIMIT 100) AS old")
 
 
 def ddl(dialect: str) -> list[str]:
@@ -74,12 +82,10 @@ class _Leases:
     def __init__(self, tx: Tx) -> None:
         self._tx = tx
         #: key -> its live lease, read ahead by SQLTables.preload (used once)
-        self.ahead: dict[str, tuple[str, int | None, str | None] | None] = {}
+        self.ahead: dict[str, sql_leases.Lease | None] = {}
 
     def live(self, key: str) -> tuple[str, int | None, str | None] | None:
-        if key in self.ahead:
-            return self.ahead.pop(key)
-        found = sql_leases.live(self._tx, key)
+        found = self.ahead.pop(key) if key in self.ahead else sql_leases.live(self._tx, key)
         return None if found is None else (found.owner, found.token, found.session)
 
     def grant(self, key: str, owner: str, ttl_ms: int, session: str | None) -> int | None:
@@ -168,30 +174,23 @@ class SQLTables:
         if not tx.pipelined or tx.dialect != "postgres" or key in self._ahead_thread:
             return
         self._lock(key)
-        oldest = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
         queries: list[tuple[str, Sequence[Any]]] = [(
-            f"SELECT {_T}, pseq, {oldest.format('n')}, {oldest.format('at')} FROM sig_threads "
-            "WHERE key = ?", (key, key, key))]
+            f"SELECT {_T}, pseq, {_OLDEST_PART.format('n')}, {_OLDEST_PART.format('at')} "
+            "FROM sig_threads WHERE key = ?", (key, key, key))]
         if self._leases is not None:  # the clock in SQL: it comes back with these reads
-            queries.append((f"SELECT l.owner, l.token, l.session FROM leases AS l WHERE "
-                            f"l.key = ? AND {sql_leases.live_at(NOW_MS)}", (key,)))
+            queries.append((sql_leases.live_query(NOW_MS), (key,)))
         if receipts_window is not None:
-            queries.append((_TRIM.replace("accepted < ?", f"accepted < {NOW_MS} / 1000.0 - ?"),
-                            (key, key, receipts_window)))
+            queries.append((_trim_query(f"{NOW_MS} / 1000.0 - ?"), (key, key, receipts_window)))
         for sid in sids:
-            queries.append((f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?",
-                            (key, sid)))
-            queries.append((f"SELECT {_E} FROM sig_entries WHERE thread = ? AND sid = ?",
-                            (key, sid)))
+            queries.append((_RECEIPT, (key, sid)))
+            queries.append((_ENTRY, (key, sid)))
         found = iter(tx.read_many(queries))
         row = _first(next(found))
         self._ahead_thread[key] = None if row is None else _thread(row[:11])
         self._ahead_part[key] = (0, None, None) if row is None else (
             int(row[11]), row[12], row[13])
         if self._leases is not None:
-            lease = _first(next(found))
-            self._leases.ahead[key] = None if lease is None else (lease[0], int(lease[1]),
-                                                                  lease[2])
+            self._leases.ahead[key] = sql_leases.lease_of(_first(next(found)))
         if receipts_window is not None:
             self._ahead_trim[key] = next(found)
         for sid in sids:
@@ -254,8 +253,8 @@ class SQLTables:
     def by_signal(self, key: str, sid: str) -> EntryRow | None:
         if (key, sid) in self._ahead_entry:
             return self._ahead_entry.pop((key, sid))
-        rows = self._rows("sid = ?", (key, sid))
-        return rows[0] if rows else None
+        row = self._tx.one(_ENTRY, (key, sid))
+        return None if row is None else _entry(row)
 
     def best(self, key: str, run: str | None) -> EntryRow | None:
         rows = self._rows("state = 'ready'", (key,), "ORDER BY prio DESC, seq LIMIT 1")
@@ -301,8 +300,7 @@ class SQLTables:
             ahead = self._ahead_receipt.pop((key, sid))
             self._receipts[(key, sid)] = ahead is not None
             return ahead
-        row = self._tx.one(f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?",
-                           (key, sid))
+        row = self._tx.one(_RECEIPT, (key, sid))
         self._receipts[(key, sid)] = row is not None
         return None if row is None else _receipt(row)
 
@@ -340,7 +338,7 @@ class SQLTables:
         # The count and the oldest receipts past the window, in one round trip.
         found = self._ahead_trim.pop(key, None)  # (preload: the same window, by the same clock)
         if found is None:
-            found = self._tx.all(_TRIM, (key, key, before))
+            found = self._tx.all(_trim_query(), (key, key, before))
         count = next((r[1] for r in found if r[0] is None), 0)
         old = [r for r in found if r[0] is not None]
         over = max(0, int(count or 0) - len(old) - keep + 1)
@@ -394,11 +392,10 @@ class SQLTables:
             self._ahead_part[key] = (n, n, self.now) if first_n is None else (
                 n, first_n, first_at)
         else:
-            # The part's number, and the oldest part kept (one index seek), in one round trip.
-            oldest = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
+            # The part's number, and the oldest part kept, in one round trip.
             n, first_n, first_at = tx.one(
-                f"{upsert} RETURNING pseq, {oldest.format('n')}, {oldest.format('at')}",
-                (key, key, key)) or (0, None, None)
+                f"{upsert} RETURNING pseq, {_OLDEST_PART.format('n')}, "
+                f"{_OLDEST_PART.format('at')}", (key, key, key)) or (0, None, None)
             n = int(n)
         tx.write("INSERT INTO sig_parts (thread, n, kind, run, sid, data, at) "
                  "VALUES (?, ?, ?, ?, ?, ?, ?)",
