@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,7 +25,8 @@ import anyio.to_thread
 from pubsub import PubSub
 from signals import Run, Signal, SignalRuntime
 
-__all__ = ["compare_handoffs", "routed_round", "serve_worker", "spawn", "wait_ready"]
+__all__ = ["Cpu", "compare_handoffs", "routed_round", "serve_worker", "spawn", "tree_cpu_s",
+           "wait_ready"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,6 +63,52 @@ def spawn(script: Path, *args: str) -> subprocess.Popen[str]:
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its children (a database server's processes)."""
+    total = _cpu_s(pid)
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                total += _cpu_s(int(entry))
+    return total
+
+
+class Cpu:
+    """CPU seconds spent by the sender (this process), the worker (``child``) and the
+    database server (``server()``, if any) from :meth:`start` to :meth:`stop`: on a machine
+    whose cores are all busy, what a signal costs in CPU bounds the rate."""
+
+    def __init__(self, child: subprocess.Popen[str], server: Callable[[], float] | None) -> None:
+        self._child, self._server = child, server
+        self.spent = (0.0, 0.0, 0.0)
+
+    def _now(self) -> tuple[float, float, float]:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        return (me.ru_utime + me.ru_stime, _cpu_s(self._child.pid),
+                self._server() if self._server is not None else 0.0)
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> None:
+        self.spent = tuple(b - a for a, b in zip(self._start, self._now(), strict=True))  # type: ignore[assignment]
+
+
 def wait_ready(proc: subprocess.Popen[str]) -> None:
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
@@ -69,12 +117,17 @@ def wait_ready(proc: subprocess.Popen[str]) -> None:
 
 
 async def routed_round(child: subprocess.Popen[str], make_pubsub: Callable[[], Any], n: int,
-                       gap: float = 0.0) -> dict[str, Any]:
+                       gap: float = 0.0, server: Callable[[], float] | None = None
+                       ) -> dict[str, Any]:
     """Send ``n`` signals to the worker ``child`` (``gap`` seconds apart) from a sender-only
-    runtime on ``make_pubsub()``; the rate (first send to the worker's last hand-off) and the
-    worker's latencies."""
+    runtime on ``make_pubsub()``; the rate (first send to the worker's last hand-off), the
+    worker's latencies and the CPU seconds spent (:class:`Cpu`; ``server``: the database
+    server's CPU seconds so far)."""
     await anyio.to_thread.run_sync(wait_ready, child)
+    cpu = Cpu(child, server)
     async with make_pubsub() as ps, SignalRuntime(pubsub=ps, agent=None) as sender:
+        await sender.receipt("bench", "none")  # a connection and the schema, before timing
+        cpu.start()
         start = time.time()
         for _ in range(n):
             await sender.send("bench", Signal(repr(time.time()), type="bench"))
@@ -82,25 +135,31 @@ async def routed_round(child: subprocess.Popen[str], make_pubsub: Callable[[], A
                 await anyio.sleep(gap)
     assert child.stdout is not None
     result = json.loads(await anyio.to_thread.run_sync(child.stdout.readline))
+    cpu.stop()
     child.wait()
-    return {"rate": n / (result["done"] - start), "lat": result["lat"]}
+    return {"rate": n / (result["done"] - start), "lat": result["lat"], "cpu": cpu.spent}
 
 
 async def compare_handoffs(
-    raw_round: Callable[[int], float], routed: Callable[..., Awaitable[dict[str, Any]]], *,
-    rounds: int, signals: int, latency_signals: int, raw_label: str, ours_label: str,
+    raw_round: Callable[[int], dict[str, Any]], routed: Callable[..., Awaitable[dict[str, Any]]],
+    *, rounds: int, signals: int, latency_signals: int, raw_label: str, ours_label: str,
 ) -> None:
-    """Interleaved rounds of ``raw_round(n)`` (in a worker thread) and ``routed(n)``, then
-    ``routed(n, gap=0.02, mode="latency")``; prints the rates, their ratio and the latency."""
+    """Interleaved rounds of ``raw_round(n)`` (in a worker thread) and ``routed(n)``, each
+    giving its ``rate`` and ``cpu`` (:class:`Cpu`), then ``routed(n, gap=0.02,
+    mode="latency")``; prints the rates, their ratio, the CPU per signal and the latency."""
     raw: list[float] = []
     ours: list[float] = []
+    cpu: dict[str, list[tuple[float, float, float]]] = {"raw": [], "ours": []}
     for r in range(rounds):
         order = ("raw", "ours") if r % 2 == 0 else ("ours", "raw")
         for which in order:
             if which == "raw":
-                raw.append(await anyio.to_thread.run_sync(raw_round, signals))
+                got = await anyio.to_thread.run_sync(raw_round, signals)
+                raw.append(got["rate"])
             else:
-                ours.append((await routed(signals))["rate"])
+                got = await routed(signals)
+                ours.append(got["rate"])
+            cpu[which].append(got["cpu"])
     lat = (await routed(latency_signals, gap=0.02, mode="latency"))["lat"]
     lat_ms = sorted(x * 1000 for x in lat)
     r_raw, r_ours = statistics.median(raw), statistics.median(ours)
@@ -110,6 +169,11 @@ async def compare_handoffs(
     print(f"  {raw_label + ':':{width}} {r_raw:8.0f}/s  (rounds {[round(x) for x in raw]})")
     print(f"  {ours_label + ':':{width}} {r_ours:8.0f}/s  (rounds {[round(x) for x in ours]})")
     print(f"  ratio ours/raw: x{r_ours / r_raw:.2f}  (goal >= 0.5)")
+    print(f"CPU per signal, ms (medians; the machine has {os.cpu_count()} cores):")
+    for which, label in (("raw", raw_label), ("ours", ours_label)):
+        parts = [statistics.median(c[i] for c in cpu[which]) * 1000 / signals for i in range(3)]
+        print(f"  {label + ':':{width}} sender {parts[0]:.2f}, worker {parts[1]:.2f}, server "
+              f"{parts[2]:.2f}: {sum(parts):.2f} in all")
     print(f"latency send -> agent across processes ({len(lat_ms)} signals, 20 ms apart): "
           f"p50 {statistics.median(lat_ms):.2f} ms, p99 {lat_ms[int(len(lat_ms) * 0.99) - 1]:.2f} "
           f"ms (goal p50 <= 5 ms)")

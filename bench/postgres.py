@@ -24,6 +24,7 @@ import logging
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 import psycopg
 
-from bench._handoff import compare_handoffs, serve_worker, spawn, wait_ready
+from bench._handoff import Cpu, compare_handoffs, serve_worker, spawn, tree_cpu_s, wait_ready
 from bench._handoff import routed_round as handoff_round
 from pubsub import PostgresPubSub
 from signals import Run, SignalRuntime
@@ -73,13 +74,15 @@ async def worker(dsn: str, schema: str, n: int, mode: str) -> None:
 # -- the parent -------------------------------------------------------------------------------
 
 
-def raw_round(dsn: str, n: int) -> float:
+def raw_round(dsn: str, n: int, server: Callable[[], float] | None) -> dict[str, Any]:
     table = f"q_{uuid.uuid4().hex[:8]}"
     conn = psycopg.connect(dsn)
     conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, body TEXT)")
     conn.commit()
     child = spawn(HERE, "raw-consumer", dsn, table, str(n))
     wait_ready(child)
+    cpu = Cpu(child, server)
+    cpu.start()
     start = time.time()
     for i in range(n):
         conn.execute(f"INSERT INTO {table} (body) VALUES (%s)", (json.dumps({"i": i}),))
@@ -87,18 +90,20 @@ def raw_round(dsn: str, n: int) -> float:
         conn.commit()
     assert child.stdout is not None
     line = child.stdout.readline().split()
+    cpu.stop()
     child.wait()
     conn.execute(f"DROP TABLE {table}")
     conn.commit()
     conn.close()
-    return n / (float(line[1]) - start)
+    return {"rate": n / (float(line[1]) - start), "cpu": cpu.spent}
 
 
-async def routed_round(dsn: str, n: int, gap: float = 0.0, mode: str = "rate"
-                       ) -> dict[str, Any]:
+async def routed_round(dsn: str, n: int, server: Callable[[], float] | None, gap: float = 0.0,
+                       mode: str = "rate") -> dict[str, Any]:
     schema = f"b_{uuid.uuid4().hex[:8]}"
     child = spawn(HERE, "worker", dsn, schema, str(n), mode)
-    return await handoff_round(child, lambda: PostgresPubSub(dsn, schema=schema), n, gap)
+    return await handoff_round(child, lambda: PostgresPubSub(dsn, schema=schema), n, gap,
+                               server)
 
 
 async def idle_cost(dsn: str, threads: int, window_s: float) -> dict[str, Any]:
@@ -145,11 +150,13 @@ async def idle_cost(dsn: str, threads: int, window_s: float) -> dict[str, Any]:
     return {"threads": threads, "setup_s": setup, "statements_per_s": rate}
 
 
-async def main(args: argparse.Namespace, dsn: str) -> None:
+async def main(args: argparse.Namespace, dsn: str,
+               server: Callable[[], float] | None = None) -> None:
+    """``server``: the CPU seconds of the database server so far (a server this run started)."""
     logging.disable(logging.CRITICAL)
     await compare_handoffs(
-        lambda n: raw_round(dsn, n),
-        lambda n, **kw: routed_round(dsn, n, **kw),
+        lambda n: raw_round(dsn, n, server),
+        lambda n, **kw: routed_round(dsn, n, server, **kw),
         rounds=args.rounds, signals=args.signals, latency_signals=args.latency_signals,
         raw_label="raw psycopg INSERT + NOTIFY -> LISTEN -> SELECT + DELETE",
         ours_label="routed signals (PostgresPubSub)",
@@ -173,7 +180,9 @@ async def run(args: argparse.Namespace) -> None:
     server = OwnPostgres(bin_dir)
     await server.start()
     try:
-        await main(args, server.url)
+        pid_file = server.directory / "data" / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0])
+        await main(args, server.url, lambda: tree_cpu_s(postmaster))
     finally:
         await server.stop()
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio
 
-from bench._handoff import compare_handoffs, serve_worker, spawn, wait_ready
+from bench._handoff import Cpu, compare_handoffs, serve_worker, spawn, wait_ready
 from bench._handoff import routed_round as handoff_round
 from pubsub import SQLitePubSub
 from signals import Run, SignalRuntime
@@ -77,7 +77,7 @@ async def worker(db: str, n: int, mode: str) -> None:
 # -- the parent -------------------------------------------------------------------------------
 
 
-def raw_round(workdir: str, n: int) -> float:
+def raw_round(workdir: str, n: int) -> dict[str, Any]:
     db = os.path.join(workdir, f"raw-{time.monotonic_ns()}.db")
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -87,6 +87,8 @@ def raw_round(workdir: str, n: int) -> float:
     child = spawn(HERE, "raw-consumer", db, sock_path, str(n))
     wait_ready(child)
     bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    cpu = Cpu(child, None)
+    cpu.start()
     start = time.time()
     for i in range(n):
         conn.execute("BEGIN IMMEDIATE")
@@ -96,8 +98,9 @@ def raw_round(workdir: str, n: int) -> float:
             bell.sendto(b"q", sock_path)
     assert child.stdout is not None
     line = child.stdout.readline().split()
+    cpu.stop()
     child.wait()
-    return n / (float(line[1]) - start)
+    return {"rate": n / (float(line[1]) - start), "cpu": cpu.spent}
 
 
 async def routed_round(workdir: str, n: int, gap: float = 0.0, mode: str = "rate"

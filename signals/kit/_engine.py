@@ -31,15 +31,18 @@ class Engine(Rules):
         if not accepted.fresh or e is None:
             return Routed(accepted, owner)
         ready = accepted.due_at is None
+        carry = (owner is not None and ready and mode == "deliver" and not th.paused
+                 and len(e.body) <= CARRY_LIMIT)
+        if carry:  # handed to the owner with its notice: stored as carried already
+            e.state, e.holder, e.attempts = "carried", owner, 1
+        t.insert(e)
         if owner is not None and not ready:
             t.save_thread(th)
             outbox.add(None, Notice("due", key, reason=repr(accepted.due_at)))
             return Routed(accepted, owner)
         if owner is not None:
             carried = None
-            if mode == "deliver" and not th.paused and len(e.body) <= CARRY_LIMIT:
-                e.state, e.holder, e.attempts = "carried", owner, 1
-                t.update(e)
+            if carry:
                 self._part(t, key, "signal.received", owner, e.sid, {"attempt": 1})
                 carried = entry_of(e)
             if run_runtime(owner) != sender:

@@ -188,7 +188,8 @@ class Rules:
                limits: Limits = NO_LIMITS, *, index: bool = True, save: bool = True
                ) -> tuple[Accepted, ThreadRow, EntryRow | None]:
         """Accept ``signal``: its outcome, the thread's row and the entry stored (``None``
-        unless fresh). ``save=False``: the caller saves the row (when fresh)."""
+        unless fresh). ``save=False``: the caller inserts the entry and saves the row (when
+        fresh), so that it may change them first (one write each)."""
         t.preload(key, (signal.id,), self.retention_s)
         now = t.now
         th = self._thread(t, key)
@@ -238,7 +239,8 @@ class Rules:
         e = EntryRow(key, th.seq, signal.id, signal.encode(), mode, signal.priority, lane,
                      signal.merge, "later" if later else "ready", due if later else None,
                      signal.not_before, signal.expires_at)
-        t.insert(e)
+        if save:
+            t.insert(e)
         th.pending += 1
         th.last = now
         scheduled = signal.not_before is not None and signal.not_before > now

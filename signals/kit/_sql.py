@@ -27,7 +27,7 @@ import anyio
 import _signal_leases.sql.leases as sql_leases
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import CursorExpiredError
-from _signal_leases.sql import Database
+from _signal_leases.sql import Database, Tx
 from _signal_leases.validation import check_int
 from signals._model import EntryMode, Receipt, Signal, StreamPart
 from signals.kit._capabilities import Claim, Claimed, Notice, PartIn, Routed
@@ -108,10 +108,16 @@ class SQLCore:
                                                   sql_leases.ddl(self.database.dialect))
             self._ready = True
         max_parts, retention = self.stream_max_parts, self.stream_retention_ms / 1000
-        return await self.database.run(
-            lambda tx: fn(SQLTables(tx, fused=fused and self.leases is not None,
-                                    stream_max_parts=max_parts, stream_retention_s=retention)),
-            write=write, what=what)
+        fused = fused and self.leases is not None
+
+        def call(tx: Tx) -> T:
+            tables = SQLTables(tx, fused=fused, stream_max_parts=max_parts,
+                               stream_retention_s=retention)
+            result = fn(tables)
+            tables.finish()
+            return result
+
+        return await self.database.run(call, write=write, what=what)
 
     async def _send(self, outbox: Outbox) -> None:
         for runtime_id, notice in outbox.notices:

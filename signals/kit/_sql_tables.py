@@ -33,6 +33,10 @@ _R = "thread, sid, status, accepted, at, run, result, error, by_sid, body, mode,
 _T = "key, seq, pending, paused, token, run, since, last, look, abort, lanes"
 _RECEIPT = f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?"
 _ENTRY = f"SELECT {_E} FROM sig_entries WHERE thread = ? AND sid = ?"
+# Counts added to a thread's row (parameters: the thread, parts, receipts).
+_COUNT = ("INSERT INTO sig_threads (key, seq, pending, paused, pseq, receipts) VALUES (?, 0, 0, "
+          "0, ?, ?) ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + excluded.pseq, "
+          "receipts = sig_threads.receipts + excluded.receipts")
 # A column of a thread's oldest part kept (one index seek; parameter: the thread).
 _OLDEST_PART = "(SELECT {} FROM sig_parts WHERE thread = ? ORDER BY n LIMIT 1)"
 
@@ -148,12 +152,31 @@ class SQLTables:
         self._ahead_trim: dict[str, list[tuple[Any, ...]]] = {}
         self._ahead_receipt: dict[tuple[str, str], ReceiptRow | None] = {}
         self._ahead_entry: dict[tuple[str, str], EntryRow | None] = {}
+        # thread -> [parts, receipts] added by this call and not yet counted on its row:
+        # counted by its next save (one write for all), or by finish.
+        self._counts: dict[str, list[int]] = {}
 
     @property
     def now(self) -> float:
         """The transaction's Unix time (read when first needed: on Postgres it comes with
         the call's first reads, see ``Database.begin_later``)."""
         return self._tx.wall
+
+    def _count(self, key: str, parts: int = 0, receipts: int = 0) -> None:
+        counts = self._counts.setdefault(key, [0, 0])
+        counts[0] += parts
+        counts[1] += receipts
+
+    def _counted(self, key: str) -> None:
+        """Write the counts of ``key`` held back (before a statement that reads them)."""
+        counts = self._counts.pop(key, None)
+        if counts is not None:
+            self._tx.write(_COUNT, (key, *counts))
+
+    def finish(self) -> None:
+        """The end of the call: write every count held back."""
+        for key in list(self._counts):
+            self._counted(key)
 
     def _lock(self, key: str) -> None:
         if self._tx.dialect == "postgres" and self._tx.pipelined and key not in self._locked:
@@ -174,6 +197,7 @@ class SQLTables:
         if not tx.pipelined or tx.dialect != "postgres" or key in self._ahead_thread:
             return
         self._lock(key)
+        self._counted(key)
         queries: list[tuple[str, Sequence[Any]]] = [(
             f"SELECT {_T}, pseq, {_OLDEST_PART.format('n')}, {_OLDEST_PART.format('at')} "
             "FROM sig_threads WHERE key = ?", (key, key, key))]
@@ -205,19 +229,22 @@ class SQLTables:
         if key in self._ahead_thread:
             return self._ahead_thread.pop(key)
         self._lock(key)
+        self._counted(key)
         row = self._tx.one(f"SELECT {_T} FROM sig_threads WHERE key = ?", (key,))
         return None if row is None else _thread(row)
 
     def save_thread(self, r: ThreadRow) -> None:
         self._ahead_thread.pop(r.key, None)
+        parts, receipts = self._counts.pop(r.key, (0, 0))
         self._tx.write(
-            f"INSERT INTO sig_threads ({_T}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, pending = excluded.pending, "
-            "paused = excluded.paused, token = excluded.token, run = excluded.run, "
-            "since = excluded.since, last = excluded.last, look = excluded.look, "
-            "abort = excluded.abort, lanes = excluded.lanes",
+            f"INSERT INTO sig_threads ({_T}, pseq, receipts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+            "?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, pending = "
+            "excluded.pending, paused = excluded.paused, token = excluded.token, run = "
+            "excluded.run, since = excluded.since, last = excluded.last, look = excluded.look, "
+            "abort = excluded.abort, lanes = excluded.lanes, pseq = sig_threads.pseq + "
+            "excluded.pseq, receipts = sig_threads.receipts + excluded.receipts",
             (r.key, r.seq, r.pending, int(r.paused), r.token, r.run, r.since, r.last, r.look,
-             r.abort, r.lanes_json() or None),
+             r.abort, r.lanes_json() or None, parts, receipts),
         )
 
     # -- entries ----------------------------------------------------------------------------
@@ -322,10 +349,8 @@ class SQLTables:
                                           values))
         else:
             added = False
-        if added:  # counted on the thread's row, which the first receipt may come before
-            self._tx.write("INSERT INTO sig_threads (key, seq, pending, paused, receipts) "
-                           "VALUES (?, 0, 0, 0, 1) ON CONFLICT (key) DO UPDATE SET "
-                           "receipts = sig_threads.receipts + 1", (r.thread,))
+        if added:  # counted on the thread's row (which the first receipt may come before)
+            self._count(r.thread, receipts=1)
             return
         self._tx.write(
             "UPDATE sig_receipts SET status = ?, at = ?, run = ?, result = ?, error = ?, "
@@ -338,6 +363,7 @@ class SQLTables:
         # The count and the oldest receipts past the window, in one round trip.
         found = self._ahead_trim.pop(key, None)  # (preload: the same window, by the same clock)
         if found is None:
+            self._counted(key)
             found = self._tx.all(_trim_query(), (key, key, before))
         count = next((r[1] for r in found if r[0] is None), 0)
         old = [r for r in found if r[0] is not None]
@@ -383,19 +409,20 @@ class SQLTables:
     def add_part(self, key: str, part: PartIn) -> str:
         tx = self._tx
         self._lock(key)  # numbers parts in turn with calls that read the number ahead
-        upsert = ("INSERT INTO sig_threads (key, seq, pending, paused, pseq) VALUES (?, 0, 0, 0, "
-                  "1) ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + 1")
         ahead = self._ahead_part.pop(key, None)
-        if ahead is not None:  # read ahead (preload): the upsert need not answer
+        if ahead is not None:  # read ahead (preload): counted with the row's next write
             n, first_n, first_at = ahead[0] + 1, ahead[1], ahead[2]
-            tx.write(upsert, (key,))
+            self._count(key, parts=1)
             self._ahead_part[key] = (n, n, self.now) if first_n is None else (
                 n, first_n, first_at)
         else:
-            # The part's number, and the oldest part kept, in one round trip.
+            # The part's number (with the counts held back), and the oldest part kept, in
+            # one round trip.
+            parts, receipts = self._counts.pop(key, (0, 0))
             n, first_n, first_at = tx.one(
-                f"{upsert} RETURNING pseq, {_OLDEST_PART.format('n')}, "
-                f"{_OLDEST_PART.format('at')}", (key, key, key)) or (0, None, None)
+                f"{_COUNT} RETURNING pseq, {_OLDEST_PART.format('n')}, "
+                f"{_OLDEST_PART.format('at')}", (key, parts + 1, receipts, key, key)
+            ) or (0, None, None)
             n = int(n)
         tx.write("INSERT INTO sig_parts (thread, n, kind, run, sid, data, at) "
                  "VALUES (?, ?, ?, ?, ?, ?, ?)",
