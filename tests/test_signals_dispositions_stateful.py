@@ -280,7 +280,7 @@ def test_sqlite_core_follows_the_model(overflow: str) -> None:
 @pytest.mark.postgres
 @pytest.mark.parametrize("overflow", ["reject", "drop_oldest"])
 def test_postgres_core_follows_the_model(overflow: str, postgres_dsn: str) -> None:
-    """The same core over Postgres: pipelined writes and one-round-trip reads keep the
+    """The same core over Postgres: batched writes and one-round-trip reads keep the
     semantics of SQLite's."""
     run_state_machine_as_test(_machine(PostgresMachine, overflow, dsn=postgres_dsn),
                               settings=settings(SETTINGS, max_examples=15))

@@ -71,15 +71,24 @@ async def test_a_routed_signal_waits_for_few_round_trips(
         postgres_dsn: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A regression guard on round trips and statements (not time): every time a call waits
     for the server (a read, a row count, the clock when no read brought it along, and the
-    commit at the end, which carries every pipelined write and COMMIT), summed over both
-    sides of routed signals in one process, and every statement sent. BEGIN, the clock's
-    query and pipelined writes go out without waiting (docs/postgres.md)."""
+    commit at the end, which carries every batched write and COMMIT), summed over both
+    sides of routed signals in one process, and every statement sent; and, on the wire, the
+    messages that transactions send. BEGIN, the clock's query and batched writes go out
+    without waiting (docs/postgres.md)."""
     import anyio
 
     from _signal_leases import sql
+    from _signal_leases.sql.postgres import _Batch
     from signals import Run, Signal, SignalRuntime
 
-    waits = statements = 0
+    waits = statements = messages = 0
+    send = _Batch._send
+
+    def sending(self: Any, texts: list[str]) -> None:
+        nonlocal messages
+        messages += 1
+        send(self, texts)
+    monkeypatch.setattr(_Batch, "_send", sending)
     read: set[int] = set()  # the transactions (by id) whose first read has been answered
     alive: list[Any] = []  # ... kept, so that no id is used twice
 
@@ -137,12 +146,13 @@ async def test_a_routed_signal_waits_for_few_round_trips(
         await worker.send("t", Signal("first"))
         await until(1)
         await anyio.sleep(0.3)  # the worker's background calls settle
-        waits = statements = 0
+        waits = statements = messages = 0
         for i in range(n):
             await sender.send("t", Signal(i))
             await until(i + 2)
         per_signal = waits / n
         statements_per_signal = statements / n
+        messages_per_signal = messages / n
     # Measured at 5.55 to 5.6 (the background calls of the window included): the reads of
     # each call go out together (SQLTables.preload), with BEGIN and the clock, and read-only
     # calls run without a transaction; 21 to 22.4 with a round trip per read, BEGIN and
@@ -152,6 +162,10 @@ async def test_a_routed_signal_waits_for_few_round_trips(
     # 21.6 over both sides (BEGIN, the clock and COMMIT aside), 25.5 before the entry was
     # inserted carried and the counts on the thread's row were written with its save.
     assert statements_per_signal <= 23, statements_per_signal
+    # On the wire: 4.0 messages in transactions (two for the sender's, two for the owner's:
+    # the first reads with BEGIN, then the writes with COMMIT); with psycopg's pipeline mode,
+    # before the batches, each statement went out as a message of its own.
+    assert messages_per_signal <= 4.5, messages_per_signal
 
 
 async def test_parts_emitted_beside_routed_signals_keep_distinct_numbers(
@@ -187,3 +201,70 @@ async def test_parts_emitted_beside_routed_signals_keep_distinct_numbers(
             await done.wait()
         parts = [p async for p in sender.stream("t", follow=False)]
     assert sum(p.kind == "part" for p in parts) == 3 * n
+
+
+async def test_a_batched_transaction_binds_any_value_and_survives_errors(
+        postgres_dsn: str, pg_schema: str) -> None:
+    """Inside a transaction statements go out batched, prepared once per connection and run
+    with their parameters bound as literals (_signal_leases.sql.postgres._Batch): odd text
+    and numbers come back exact; an error in the middle of a message, or a call that fails
+    before its statements went out, leaves the connection's prepared statements right."""
+    from _signal_leases.errors import BackendPermanentError
+    from _signal_leases.sql import Tx
+    from _signal_leases.sql.postgres import PostgresDatabase
+
+    db = PostgresDatabase(postgres_dsn, schema=pg_schema, max_connections=1)
+    insert = "INSERT INTO odd (k, t, f, n) VALUES (?, ?, ?, ?)"
+    texts = ["it's", "back\\slash", "%s %(x)s ?", "€ ✓ \n\t", "", "E'x'", "$1", "a;b"]
+    floats = [0.1, 1e300, -2.5e-308, 1733311111.123456, float("inf")]
+
+    def setup(tx: Tx) -> None:
+        tx.execute("CREATE TABLE odd (k INTEGER PRIMARY KEY, t TEXT, f DOUBLE PRECISION, "
+                   "n BIGINT)")
+
+    def fill(tx: Tx) -> None:
+        for i, text in enumerate(texts):
+            tx.write(insert, (i, text, floats[i % len(floats)], None if i % 2 else 2**40 + i))
+
+    def read(tx: Tx) -> list[tuple[Any, ...]]:
+        return tx.all("SELECT k, t, f, n FROM odd ORDER BY k")
+
+    def clash(tx: Tx) -> None:  # k = 0 exists: the second statement of the message fails
+        tx.write("UPDATE odd SET n = ? WHERE k = ?", (7, 1))
+        tx.write(insert, (0, "again", 1.0, 1))
+        tx.write("DELETE FROM odd WHERE k = ?", (2,))
+
+    def broken(tx: Tx) -> None:  # fails before anything went out
+        tx.write("UPDATE odd SET t = ? WHERE k = ? AND n IS NULL", ("x", 3))
+        raise RuntimeError("the call fails")
+
+    def prepared(tx: Tx) -> int:
+        return int(tx.value("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE ?",
+                            ("sl\\_%",)))
+
+    try:
+        await db.run(setup)
+        await db.run(fill)
+        expected = [(i, t, floats[i % len(floats)], None if i % 2 else 2**40 + i)
+                    for i, t in enumerate(texts)]
+        assert await db.run(read) == expected
+        for _ in range(2):
+            with pytest.raises(BackendPermanentError):
+                await db.run(clash)
+            with pytest.raises(RuntimeError):
+                await db.run(broken)
+        assert await db.run(read) == expected  # nothing of the failed calls
+        # The same statements again, on the same connection: they run (no name of a
+        # statement that was never prepared, none prepared twice) and change what they should.
+        await db.run(lambda tx: tx.write("UPDATE odd SET n = ? WHERE k = ?", (7, 1)))
+        await db.run(lambda tx: tx.write("DELETE FROM odd WHERE k = ?", (2,)))
+        await db.run(lambda tx: tx.write("UPDATE odd SET t = ? WHERE k = ? AND n IS NULL",
+                                         ("x", 3)))
+        rows = {r[0]: r for r in await db.run(read)}
+        assert rows[1][3] == 7 and 2 not in rows and rows[3][1] == "x"
+        before = await db.run(prepared)
+        for _ in range(5):
+            await db.run(lambda tx: tx.write("UPDATE odd SET f = ? WHERE k = ?", (0.5, 0)))
+        assert await db.run(prepared) == before + 1  # one statement, prepared once
+    finally:
+        await db.aclose()

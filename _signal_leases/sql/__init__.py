@@ -22,16 +22,35 @@ import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from _signal_leases.errors import BackendError, BackendPermanentError, ClosedError
 
-__all__ = ["Database", "Tx"]
+__all__ = ["Batch", "Database", "Tx"]
 
 T = TypeVar("T")
+
+
+class Batch(Protocol):
+    """Statements of one transaction sent together (see :meth:`Database.batch`): writes wait
+    in the batch and go out with the next read, or with COMMIT."""
+
+    def write(self, sql: str, params: Sequence[Any]) -> None:
+        """Queue a statement whose result nobody reads."""
+
+    def run(self, queries: Sequence[tuple[str, Sequence[Any]]]
+            ) -> list[tuple[list[tuple[Any, ...]], int]]:
+        """Send what is queued and ``queries``; each query's rows and row count."""
+
+    def clock(self) -> tuple[int, float]:
+        """The transaction's clock, as :meth:`Database.begin` returns it (read with the
+        first :meth:`run`, or alone when asked first)."""
+
+    def commit(self) -> None:
+        """Send what is queued and COMMIT (nothing at all when nothing was sent)."""
 
 
 class Tx:
@@ -42,17 +61,17 @@ class Tx:
     comparison of one operation uses this one value.
     """
 
-    __slots__ = ("_clock", "_cursor", "_now", "_param", "_sync", "dialect")
+    __slots__ = ("_batch", "_clock", "_cursor", "_now", "_param", "dialect")
 
     def __init__(self, cursor: Any, param: str, dialect: str,
                  clock: tuple[int, float] | Callable[[], tuple[int, float]],
-                 sync: Callable[[], None] | None = None) -> None:
+                 batch: Batch | None = None) -> None:
         self._cursor = cursor
         self._param = param
-        self._sync = sync  # pipelined (Postgres): wait for what was sent before a row count
+        self._batch = batch  # (Postgres) statements sent together: see Database.batch
         self.dialect = dialect  # "sqlite" or "postgres": for the few statements that differ
         # (ms, Unix time), or what reads it when first asked (its answer may come with the
-        # transaction's first reads: see Database.begin_later)
+        # transaction's first reads: see Database.batch)
         self._now = clock if isinstance(clock, tuple) else None
         self._clock = None if isinstance(clock, tuple) else clock
 
@@ -75,56 +94,60 @@ class Tx:
     @property
     def pipelined(self) -> bool:
         """Whether writes go out without waiting (and :meth:`read_many` is one round trip)."""
-        return self._sync is not None
+        return self._batch is not None
 
     def _sql(self, sql: str) -> str:
         return sql if self._param == "?" else sql.replace("?", self._param)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; returns the number of rows it changed."""
+        if self._batch is not None:
+            return self._batch.run([(self._sql(sql), params)])[0][1]
         self._cursor.execute(self._sql(sql), tuple(params))
-        if self._sync is not None:
-            self._sync()
         return int(self._cursor.rowcount)
 
     def write(self, sql: str, params: Sequence[Any] = ()) -> None:
-        """Run one statement whose result nobody reads. On a pipelining database it is sent
-        without waiting: it runs before any later statement of the transaction, and an error
-        in it fails the transaction at its next read or its commit."""
+        """Run one statement whose result nobody reads. With a batch it waits there and goes
+        out with the next read or the commit: it runs before any later statement of the
+        transaction, and an error in it fails the transaction at that read or the commit."""
+        if self._batch is not None:
+            self._batch.write(self._sql(sql), params)
+            return
         self._cursor.execute(self._sql(sql), tuple(params))
 
     def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Run one statement for each row of parameters (sent without waiting, as
-        :meth:`write`)."""
+        """Run one statement for each row of parameters (without waiting, as :meth:`write`)."""
+        if self._batch is not None:
+            text = self._sql(sql)
+            for r in rows:
+                self._batch.write(text, r)
+            return
         self._cursor.executemany(self._sql(sql), [tuple(r) for r in rows])
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         """The first row of a query, or ``None``."""
+        if self._batch is not None:
+            rows = self.all(sql, params)
+            return rows[0] if rows else None
         self._cursor.execute(self._sql(sql), tuple(params))
         row = self._cursor.fetchone()
         return tuple(row) if row is not None else None
 
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Every row of a query."""
+        if self._batch is not None:
+            return self._batch.run([(self._sql(sql), params)])[0][0]
         self._cursor.execute(self._sql(sql), tuple(params))
         return [tuple(r) for r in self._cursor.fetchall()]
 
     def read_many(self, queries: Sequence[tuple[str, Sequence[Any]]]
                   ) -> list[list[tuple[Any, ...]]]:
-        """Every row of each query, in order. On a pipelining database they all go out
-        before the first answer is awaited: one round trip for all of them."""
-        if self._sync is None:
+        """Every row of each query, in order. With a batch they all go out together: one
+        round trip for all of them."""
+        if self._batch is None:
             return [self.all(sql, params) for sql, params in queries]
-        conn = self._cursor.connection
-        cursors = [conn.cursor() for _ in queries]
-        try:
-            for cursor, (sql, params) in zip(cursors, queries, strict=True):
-                cursor.execute(self._sql(sql), tuple(params))
-            self._sync()
-            return [[tuple(r) for r in cursor.fetchall()] for cursor in cursors]
-        finally:
-            for cursor in cursors:
-                cursor.close()
+        return [rows for rows, _ in self._batch.run(
+            [(self._sql(sql), params) for sql, params in queries])]
 
     def value(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The first column of the first row (``None`` when there is no row)."""
@@ -145,7 +168,8 @@ class Database(ABC):
     a transaction on a cursor; return the clock every lease comparison of that transaction
     uses, and Unix time) and :meth:`map_error` (the driver's errors onto
     ``BackendUnavailableError`` / ``BackendPermanentError``); optionally :meth:`healthy`,
-    and the class attributes :attr:`param` and :attr:`dialect`.
+    :meth:`batch` (statements sent together) and the class attributes :attr:`param` and
+    :attr:`dialect`.
     """
 
     #: Placeholder of the driver (``?`` for sqlite3, ``%s`` for psycopg).
@@ -198,17 +222,10 @@ class Database(ABC):
         """The clock (as :meth:`begin` returns it) outside a transaction."""
         raise NotImplementedError
 
-    def begin_later(self, cursor: Any, write: bool
-                    ) -> tuple[int, float] | Callable[[], tuple[int, float]]:
-        """:meth:`begin` on a pipelining connection (inside :meth:`pipeline`): may send the
-        start of the transaction and the clock's query without waiting, and return what
-        reads the clock when the call first needs it."""
-        return self.begin(cursor, write)
-
-    def pipeline(self, conn: Any) -> Any:
-        """A context manager in which ``conn`` pipelines statements (``None``: it does not),
-        entered around each transaction; what it yields has ``sync()``, which waits for what
-        was sent."""
+    def batch(self, conn: Any, write: bool) -> Batch | None:
+        """A :class:`Batch` for one transaction on ``conn`` (``None``, the default: each
+        statement goes out on its own, after :meth:`begin`). A batch begins the transaction
+        itself, with the first statements it sends."""
         return None
 
     def lock_schemas(self, tx: Tx) -> None:  # noqa: B027 (a hook: most databases need none)
@@ -241,18 +258,14 @@ class Database(ABC):
                 if not write and self.reads_autocommit:
                     return fn(Tx(cursor, self.param, self.dialect,
                                  lambda: self.read_clock(cursor)))
-                pipeline = self.pipeline(conn)
-                if pipeline is None:
+                batch = self.batch(conn, write)
+                if batch is None:
                     result = fn(Tx(cursor, self.param, self.dialect, self.begin(cursor, write)))
                     conn.commit()
                     return result
-                with pipeline as entered:
-                    # BEGIN, the clock, the call's statements and COMMIT all go out as they
-                    # come; only the reads wait (the first one brings the clock along).
-                    tx = Tx(cursor, self.param, self.dialect, self.begin_later(cursor, write),
-                            entered.sync)
-                    result = fn(tx)
-                    cursor.execute("COMMIT")
+                # BEGIN and the clock go out with the first reads, the last writes with COMMIT.
+                result = fn(Tx(cursor, self.param, self.dialect, batch.clock, batch))
+                batch.commit()
                 return result
             except BaseException:
                 try:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from _signal_leases.errors import BackendError, BackendPermanentError, BackendUnavailableError
@@ -71,6 +73,103 @@ def _clock(cursor: Any) -> tuple[int, float]:
     return now_ms, now_ms / 1000
 
 
+_TUPLES_OK = 2  # libpq's PGRES_TUPLES_OK: a result with rows
+_PARAM = re.compile(r"%s")
+_MAX_PREPARED = 500  # statements one connection prepares at most; the rest run unprepared
+
+
+class _Prepared:
+    """The statements a connection has prepared (``PREPARE``, kept by the server until the
+    connection closes, whatever the transaction does): text -> name. Names are never used
+    twice: after an error in a message, the statements it prepared get new names."""
+
+    __slots__ = ("count", "names")
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.count = 0
+
+
+class _Batch:
+    """The statements of one transaction, sent as few messages (one round trip each): BEGIN
+    and the clock's query go out with the call's first reads, every write with the next read
+    or with COMMIT. The statements of a message run in turn, as one simple query; an error
+    stops it and fails the transaction. Each statement is prepared once per connection and
+    then run as ``EXECUTE name(literals)``, its parameters bound by psycopg's own quoting
+    (``ClientCursor.mogrify``): a message of 20 statements costs the client what 2 or 3 cost
+    one by one, and the server plans none of them again (see docs/postgres.md)."""
+
+    __slots__ = ("_bind", "_clock", "_cursor", "_new", "_prepared", "_queued")
+
+    def __init__(self, conn: Any, psycopg: Any, prepared: _Prepared) -> None:
+        self._cursor = conn.cursor()
+        self._bind = psycopg.ClientCursor(conn).mogrify
+        self._prepared = prepared
+        self._new: dict[str, str] = {}  # prepared by this batch's next message
+        self._queued: list[str] = ["BEGIN"]
+        self._clock: tuple[int, float] | None = None
+
+    def _text(self, sql: str, params: Sequence[Any]) -> str:
+        if not params:
+            return sql
+        args: str = self._bind(", ".join(["%s"] * len(params)), tuple(params))
+        prepared = self._prepared
+        name = prepared.names.get(sql) or self._new.get(sql)
+        if name is None:
+            if len(prepared.names) + len(self._new) >= _MAX_PREPARED:
+                text: str = self._bind(sql, tuple(params))
+                return text
+            name = self._new[sql] = f"sl_{prepared.count}"
+            prepared.count += 1
+            n = iter(range(1, len(params) + 1))
+            self._queued.append(f"PREPARE {name} AS " + _PARAM.sub(lambda _: f"${next(n)}", sql))
+        return f"EXECUTE {name}({args})"
+
+    def write(self, sql: str, params: Sequence[Any]) -> None:
+        self._queued.append(self._text(sql, params))
+
+    def _send(self, texts: list[str]) -> None:
+        new, self._new = self._new, {}
+        self._cursor.execute(";\n".join(texts))
+        self._prepared.names.update(new)  # (after an error: names not used again)
+
+    def run(self, queries: Sequence[tuple[str, Sequence[Any]]]
+            ) -> list[tuple[list[tuple[Any, ...]], int]]:
+        reads = [self._text(sql, params) for sql, params in queries]  # (PREPAREs queue first)
+        texts, self._queued = self._queued, []
+        skip = len(texts)
+        clock = self._clock is None
+        if clock:
+            texts.append(f"SELECT {NOW_MS}")
+        self._send(texts + reads)
+        cursor = self._cursor
+        for _ in range(skip):
+            cursor.nextset()
+        if clock:
+            self._clock = _clock(cursor)
+            cursor.nextset()
+        out = []
+        for _ in reads:
+            rows = ([tuple(r) for r in cursor.fetchall()]
+                    if cursor.pgresult.status == _TUPLES_OK else [])
+            out.append((rows, int(cursor.rowcount)))
+            cursor.nextset()
+        return out
+
+    def clock(self) -> tuple[int, float]:
+        if self._clock is None:
+            self.run(())
+        assert self._clock is not None
+        return self._clock
+
+    def commit(self) -> None:
+        if self._queued == ["BEGIN"]:  # nothing sent, nothing to commit
+            return
+        self._queued.append("COMMIT")
+        texts, self._queued = self._queued, []
+        self._send(texts)
+
+
 class PostgresDatabase(Database):
     """A PostgreSQL database (see the module docstring).
 
@@ -99,6 +198,8 @@ class PostgresDatabase(Database):
         self.timeout_s = float(timeout_s)
         self._namespace_made = False
         self._namespace_lock = threading.Lock()
+        #: connection -> the statements it prepared (see _Batch)
+        self._prepared: weakref.WeakKeyDictionary[Any, _Prepared] = weakref.WeakKeyDictionary()
 
     @property
     def name(self) -> str:
@@ -153,26 +254,13 @@ class PostgresDatabase(Database):
         cursor.execute(f"SELECT {NOW_MS}")
         return _clock(cursor)
 
-    def begin_later(self, cursor: Any, write: bool) -> Any:
-        """BEGIN and the clock's query go out with the call's first statements; the clock is
-        the transaction's start (``transaction_timestamp()``), so SQL of the same
-        transaction can use :data:`NOW_MS` for the very value the call compares with."""
-        cursor.execute("BEGIN")
-        clock = cursor.connection.cursor()
-        clock.execute(f"SELECT {NOW_MS}")
-
-        def read() -> tuple[int, float]:
-            try:
-                return _clock(clock)
-            finally:
-                clock.close()
-
-        return read
-
-    def pipeline(self, conn: Any) -> Any:
-        """psycopg's pipeline mode: writes whose results nobody reads go out without waiting,
-        with the next read (fewer round trips per call; see docs/postgres.md)."""
-        return conn.pipeline()
+    def batch(self, conn: Any, write: bool) -> _Batch:
+        """A transaction's statements as few messages (see :class:`_Batch`)."""
+        with self._namespace_lock:
+            prepared = self._prepared.get(conn)
+            if prepared is None:
+                prepared = self._prepared[conn] = _Prepared()
+        return _Batch(conn, self._psycopg, prepared)
 
     def lock_schemas(self, tx: Tx) -> None:
         tx.execute("SELECT pg_advisory_xact_lock(?)", (_SCHEMA_LOCK,))

@@ -159,7 +159,7 @@ class SQLTables:
     @property
     def now(self) -> float:
         """The transaction's Unix time (read when first needed: on Postgres it comes with
-        the call's first reads, see ``Database.begin_later``)."""
+        the call's first reads, see ``Database.batch``)."""
         return self._tx.wall
 
     def _count(self, key: str, parts: int = 0, receipts: int = 0) -> None:
@@ -186,7 +186,7 @@ class SQLTables:
             self._locked.add(key)
 
     def preload(self, key: str, sids: Sequence[str], receipts_window: float | None) -> None:
-        """On a pipelining database (Postgres), read at once what a call on ``key`` reads
+        """On a batching database (Postgres), read at once what a call on ``key`` reads
         first: the thread's row, its live lease, the receipts and entries of ``sids``, its
         receipt count and the receipts older than ``receipts_window`` seconds (the dedup
         window) and where its stream stands. They go out with BEGIN, the clock and the
@@ -432,7 +432,7 @@ class SQLTables:
                                 and float(first_at) >= before):
             return str(n)  # nothing past the count or the age limit (parts come in time order)
         # Trim past the count and the age limits with two writes and no read (nothing to wait
-        # for on a pipelining database): the trim point moves up, then what is below it goes.
+        # for on a batching database): the trim point moves up, then what is below it goes.
         self._ahead_part.pop(key, None)
         greatest = "GREATEST" if tx.dialect == "postgres" else "MAX"
         tx.write(
