@@ -130,6 +130,7 @@ class Run:
         self._primed: Signal | None = None
         self._buffer: list[tuple[tuple[int, int, int], InboxEntry]] = []  # taken, not handed
         self._grouped: list[tuple[InboxEntry, ...]] = []  # a coalesced lane taken, not handed
+        self._queued: set[str] = set()  # the signal ids in _buffer and _grouped
         self._unacked: dict[str, _Unit] = {}  # signal id -> unit, in hand-out order
         self._acked: set[str] = set()
         self._stopped = False
@@ -232,9 +233,12 @@ class Run:
     def _hand_out(self) -> Signal | None:
         """The best unit taken or carried, now handed to the agent (no store call)."""
         if self._grouped:
-            return self._give(self._grouped.pop(0))
+            group = self._grouped.pop(0)
+            self._queued.difference_update(e.signal.id for e in group)
+            return self._give(group)
         while self._buffer:
             _, entry = heapq.heappop(self._buffer)
+            self._queued.discard(entry.signal.id)
             expires = entry.signal.expires_at
             if expires is not None and expires <= unix_now() and entry.state == "carried":
                 self._more = True  # the core withdraws it on the next take
@@ -294,6 +298,7 @@ class Run:
             self._doorbell.ring()
             return False
         heapq.heappush(self._buffer, (_key(entry), entry))
+        self._queued.add(entry.signal.id)
         self._doorbell.wake()
         return True
 
@@ -342,20 +347,20 @@ class Run:
         if len(entries) > 1 or (entries and entries[0].signal.merge == "coalesce"
                                 and entries[0].signal.lane is not None):
             ids = {e.signal.id for e in entries}
-            if any(e.signal.id in ids for _, e in self._buffer):  # a notice carried one of them
+            if not ids.isdisjoint(self._queued):  # a notice carried one of them
                 self._buffer = [item for item in self._buffer if item[1].signal.id not in ids]
                 heapq.heapify(self._buffer)
             self._grouped.append(entries)
+            self._queued.update(ids)
         elif entries and not self._holds(entries[0].signal.id):
             heapq.heappush(self._buffer, (_key(entries[0]), entries[0]))
+            self._queued.add(entries[0].signal.id)
         return taken
 
     def _holds(self, signal_id: str) -> bool:
         """This run has ``signal_id`` already (taken, carried or handed out): a notice and
         a take can both bring one entry carried to this run, in either order."""
-        return (signal_id in self._unacked or signal_id in self._acked
-                or any(e.signal.id == signal_id for _, e in self._buffer)
-                or any(e.signal.id == signal_id for group in self._grouped for e in group))
+        return signal_id in self._unacked or signal_id in self._acked or signal_id in self._queued
 
     async def emit(
         self, data: Any, kind: str = "part", *, signal: Signal | str | None = None
@@ -441,4 +446,5 @@ class Run:
         """What the run took is settled (by the chain): drop it."""
         self._buffer.clear()
         self._grouped.clear()
+        self._queued.clear()
 
