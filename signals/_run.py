@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,9 @@ Reducer = Callable[[list[Signal]], Any]
 """``fn(signals) -> payload``: folds the pending signals of a ``coalesce`` lane into one."""
 
 _ORDER = itertools.count()
+#: Signal ids a run remembers as acknowledged (a second ack of one is a no-op; a notice that
+#: carries one late is dropped); older ones are forgotten, so a long run's memory is bounded.
+_KEEP_ACKED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +136,8 @@ class Run:
         self._grouped: list[tuple[InboxEntry, ...]] = []  # a coalesced lane taken, not handed
         self._queued: set[str] = set()  # the signal ids in _buffer and _grouped
         self._unacked: dict[str, _Unit] = {}  # signal id -> unit, in hand-out order
-        self._acked: set[str] = set()
+        # the last _KEEP_ACKED signal ids acknowledged (a second ack, a late notice)
+        self._acked: OrderedDict[str, None] = OrderedDict()
         self._stopped = False
         self._more = True  # the inbox may hold ready entries this run has not taken yet
         self._taking = False
@@ -382,7 +387,8 @@ class Run:
         """Acknowledge ``signal`` (or its id): it leaves the inbox for good and its receipt
         becomes ``processed`` with ``result`` (JSON, at most the runtime's
         ``max_signal_bytes``); a folded signal acknowledges every signal it stands for, with
-        the same result. Acknowledging twice is a no-op."""
+        the same result. Acknowledging twice is a no-op (within the run's last 10,000
+        acknowledgements)."""
         signal_id = signal.id if isinstance(signal, Signal) else signal
         unit = self._unacked.get(signal_id)
         if unit is None:
@@ -402,9 +408,19 @@ class Run:
                 await self._fenced()
             self._inbox_pending = max(0, self._inbox_pending - len(acks))
         self._unacked.pop(signal_id, None)
-        self._acked.add(signal_id)
-        self._acked.update(e.signal.id for e in unit.entries)
+        self._done([signal_id, *(e.signal.id for e in unit.entries)])
         self._span_done(unit)
+
+    def _done(self, signal_ids: Iterable[str]) -> None:
+        """``signal_ids`` were acknowledged: remembered (the last ``_KEEP_ACKED``, so that a
+        long run's memory stays bounded) and no longer carried."""
+        acked = self._acked
+        for sid in signal_ids:
+            acked[sid] = None
+            acked.move_to_end(sid)
+            self._carried.discard(sid)
+        while len(acked) > _KEEP_ACKED:
+            acked.popitem(last=False)
 
     def _span_done(self, unit: _Unit) -> None:
         if unit.span is not None and self._telemetry is not None:
@@ -423,8 +439,7 @@ class Run:
             ):
                 await self._fenced()
             self._inbox_pending = max(0, self._inbox_pending - len(acks))
-            self._acked.update(self._unacked)
-            self._acked.update(a.signal_id for a in acks)
+            self._done([*self._unacked, *(a.signal_id for a in acks)])
             for unit in self._unacked.values():
                 self._span_done(unit)
             self._unacked.clear()

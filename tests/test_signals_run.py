@@ -41,3 +41,38 @@ async def test_a_carried_signal_is_handed_out_once_whether_take_or_notice_comes_
         run.offer(entry)  # then the notice that carried it
         handed = [await run.next_signal(timeout=0), await run.next_signal(timeout=0)]
         assert [s.id if s else None for s in handed] == ["b", None]
+
+
+async def test_a_long_run_remembers_a_bounded_number_of_acknowledgements(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that lives for many signals keeps the ids of its last acknowledgements only (a
+    second ack of one of them is a no-op), and none of what notices carried once acked: its
+    memory does not grow with the signals it processed."""
+    import signals._run as run_module
+
+    monkeypatch.setattr(run_module, "_KEEP_ACKED", 50)
+    leases = InMemoryLeaseProvider()
+    core = InMemorySignalStore(leases=leases)
+    async with InMemoryPubSub() as pubsub:
+        kit = KitStore(core, leases, pubsub, prefix="signals", runtime_id="rt-a",
+                       heartbeat=None, new_run_id=lambda: "rt-a/1")
+        first = await core.route("t", Signal(0, id="s0"), "deliver",
+                                 claim=Claim("rt-a/1", 60_000, None, "rt-a"), sender="rt-x",
+                                 wake_workers=False)
+        run = Run(run_id="rt-a/1", thread_key="t", token=first.token, store=kit,
+                  doorbell=Doorbell(), idle_wait_s=0, max_attempts=5, max_bytes=1 << 20)
+        for i in range(1, 121):
+            signal = await run.next_signal(timeout=0)
+            assert signal is not None and signal.id == f"s{i - 1}", i
+            run.note_carried(signal.id)
+            await run.ack(signal)
+            signal = Signal(i, id=f"s{i}")
+            routed = await core.route("t", signal, "deliver", claim=None, sender="rt-x",
+                                      wake_workers=False)
+            assert routed.carried
+            run.offer(InboxEntry(routed.accepted.entry_id or "", signal.evolve(attempt=1),
+                                 "deliver", 1, len(signal.encode()), "carried", "rt-a/1"))
+        assert len(run._acked) == 50 and not run._carried
+        await run.ack("s119")  # remembered: a no-op
+        with pytest.raises(ValueError, match="was not handed to this run"):
+            await run.ack("s0")  # forgotten long ago
