@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from _signal_leases.aio import unix_now
 from _signal_leases.errors import BackendError, ClosedError
@@ -80,6 +79,8 @@ def next_tick(every_ms: int | None, cron: str | None, tz: str, anchor: float,
             tick += step
         return round(tick, 3)
     assert cron is not None
+    from zoneinfo import ZoneInfo  # (first needed here: a sender that schedules nothing)
+
     zone = ZoneInfo(tz)
     base = datetime.fromtimestamp(at, zone)
     return float(_croniter()(cron, base).get_next(datetime).timestamp())
@@ -99,6 +100,8 @@ def check_schedule(every_ms: int | None, cron: str | None, tz: str, catch_up: st
         raise ValueError("give exactly one of every_ms=... and cron=...")
     if not isinstance(tz, str):
         raise TypeError(f"tz must be a time zone name like 'Europe/Paris', got {tz!r}")
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     try:
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):

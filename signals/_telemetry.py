@@ -43,15 +43,14 @@ HAVE_OTEL: bool | None = None  # the otel extra: None until first looked for
 def _have_otel() -> bool:
     """Import the OpenTelemetry API on first use (not at ``import signals``: a sender that
     never traces does not pay for it); ``False`` without the ``otel`` extra."""
-    global HAVE_OTEL, otel_context, otel_metrics, otel_propagate, otel_trace
+    global HAVE_OTEL, otel_context, otel_metrics, otel_trace
     if HAVE_OTEL is None:
         try:
-            from opentelemetry import context, metrics, propagate, trace
+            from opentelemetry import context, metrics, trace
         except ImportError:  # exercised by the plain-install check
             HAVE_OTEL = False
         else:
-            otel_context, otel_metrics, otel_propagate, otel_trace = (
-                context, metrics, propagate, trace)
+            otel_context, otel_metrics, otel_trace = context, metrics, trace
             HAVE_OTEL = True
     return HAVE_OTEL
 
@@ -136,9 +135,15 @@ class _FromProvider(Generic[T]):
 
 
 def _find_tracer() -> Any:
+    global otel_propagate
     provider = otel_trace.get_tracer_provider()
     if isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider):
         return None
+    # The propagators (read from the environment through entry points: a few ms) only once
+    # there are spans whose context to carry: every use of them follows a tracer.
+    from opentelemetry import propagate
+
+    otel_propagate = propagate
     return provider.get_tracer("signals", _version())
 
 
