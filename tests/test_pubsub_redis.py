@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -198,6 +199,39 @@ async def test_streams_are_bounded(redis_url: str, key_prefix: str) -> None:
         ttl = await ps.redis_client.pttl(ps.stream_key("t"))
     assert length <= 300  # approximate trimming keeps a little more than the bound
     assert 0 < ttl <= 60_000
+
+
+async def test_a_stream_in_use_never_expires_and_its_ttl_slides_sparingly(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish slides the stream's idle TTL at most every tenth of it (the others are a
+    plain XADD), and a stream published to keeps living however long that goes on."""
+    from pubsub._backends.redis.layout import StreamsContext
+
+    slides = 0
+    original = StreamsContext.queue_idle_ttl
+
+    def counting(self: Any, pipe: Any, stream: str) -> None:
+        nonlocal slides
+        slides += 1
+        original(self, pipe, stream)
+
+    monkeypatch.setattr(StreamsContext, "queue_idle_ttl", counting)
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix,
+                                  stream_idle_ttl_ms=1000) as ps:
+        start = time.monotonic()
+        for i in range(200):  # back to back
+            await ps.publish("t", Event("e", i))
+        burst = slides
+        assert burst <= (time.monotonic() - start) / 0.1 + 1, burst  # not one per publish
+        for i in range(200, 240):  # 2.4 s: more than twice the TTL
+            await anyio.sleep(0.06)
+            await ps.publish("t", Event("e", i))
+        length = await ps.redis_client.xlen(ps.stream_key("t"))
+        ttl = await ps.redis_client.pttl(ps.stream_key("t"))
+    assert length == 240  # never expired (it would have started again, shorter)
+    assert 0 < ttl <= 1000
+    assert slides < 240 / 2, slides
 
 
 async def test_one_reader_connection_serves_every_subscription(

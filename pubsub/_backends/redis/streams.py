@@ -12,15 +12,17 @@ Layout: one stream per topic, ``<prefix>:topic:<topic>``, the event JSON in fiel
 * :mod:`._redis_housekeeping`: liveness, reclaim of dead consumers' entries, and the sweep of
   dead processes' private groups.
 
-Streams are bounded: approximate ``MAXLEN`` on every XADD and a sliding idle TTL (``PEXPIRE``)
-in the same MULTI. Every command names one stream or one key, so every one of them stays in
-one hash slot on a Redis Cluster. Leases live next to the streams:
+Streams are bounded: approximate ``MAXLEN`` on every XADD and a sliding idle TTL (``PEXPIRE``,
+in the same MULTI as an XADD; from each process at most once every tenth of the TTL per
+stream, the other publishes a plain XADD). Every command names one stream or one key, so
+every one of them stays in one hash slot on a Redis Cluster. Leases live next to the streams:
 :meth:`RedisStreamsPubSub.get_lease_provider`.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Unpack
@@ -63,13 +65,14 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
     Give exactly one of ``url`` or ``client``. A client built from ``url`` (a
     ``redis.asyncio.RedisCluster`` with ``cluster=True``) gets ``socket_timeout`` and a
     waiting pool of ``max_connections``, and is closed on exit; a given ``client`` is never
-    closed. ``publish`` works without entering (one MULTI); ``subscribe`` needs ``async with``.
+    closed. ``publish`` works without entering (an XADD); ``subscribe`` needs ``async with``.
     Connection loss and timeouts raise :class:`~pubsub.BackendUnavailableError`; a wrong
     password, a missing ACL permission or a wrong database raise
     :class:`~pubsub.BackendPermanentError`; under trio, :class:`~pubsub.UnsupportedBackendError`.
 
     ``max_stream_length`` (approximate ``MAXLEN``) and ``stream_idle_ttl_ms`` (sliding
-    ``PEXPIRE``) bound each stream; 0 disables a bound. The reader blocks up to ``block_ms``.
+    ``PEXPIRE``, slid by a publish at most every tenth of it: an idle stream goes between 90
+    and 100 % of it after its last event) bound each stream; 0 disables a bound. The reader blocks up to ``block_ms``.
     Entries pending on a consumer for ``reclaim_idle_ms`` are reclaimed (looked for every
     ``reclaim_interval_ms``, default half of that), and a process silent for ten times
     ``reclaim_idle_ms`` is taken for dead: its private groups are reaped. ``consumer_name``
@@ -136,6 +139,7 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
         self._groups = GroupTable(self._ctx)
         self._reader = StreamReader(self._groups)
         self._housekeeper = Housekeeper(self._groups)
+        self._slid: dict[str, float] = {}  # stream -> when this process last slid its TTL
 
     # -- properties ------------------------------------------------------------------------
 
@@ -207,14 +211,32 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
         if not self._handle.initialized:
             await self._handle.ready()
         stream = self._ctx.layout.stream(topic)
+        settings = self._ctx.settings
+        maxlen = settings.max_stream_length or None
         with map_errors(f"publish to {topic!r}"):
+            if not self._ttl_due(stream):  # a plain XADD: the TTL was slid a moment ago
+                await self.redis_client.xadd(stream, {"event": wire}, maxlen=maxlen,
+                                             approximate=True)
+                return
             async with atomic_pipeline(self.redis_client) as pipe:
-                pipe.xadd(
-                    stream, {"event": wire},
-                    maxlen=self._ctx.settings.max_stream_length or None, approximate=True,
-                )
+                pipe.xadd(stream, {"event": wire}, maxlen=maxlen, approximate=True)
                 self._ctx.queue_idle_ttl(pipe, stream)
                 await pipe.execute()
+            self._slid[stream] = time.monotonic()
+
+    def _ttl_due(self, stream: str) -> bool:
+        """Whether this publish slides ``stream``'s idle TTL: at most once every tenth of
+        the TTL per stream and process (between two, the stream cannot expire)."""
+        ttl_ms = self._ctx.settings.stream_idle_ttl_ms
+        if not ttl_ms:
+            return False
+        slid = self._slid.get(stream)
+        now = time.monotonic()
+        if slid is not None and now - slid < ttl_ms / 10_000:
+            return False
+        if len(self._slid) >= 10_000:  # keep the memo small: forget what is due anyway
+            self._slid = {k: t for k, t in self._slid.items() if now - t < ttl_ms / 10_000}
+        return True
 
     async def backend_subscribe(
         self, topic: str, handler: EventHandler, *, group: str | None, start_from: StartFrom
