@@ -97,6 +97,20 @@ def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
     return seconds
 
 
+#: The latest Unix time a signal may name (9999-12-31T23:59:59Z): later ones are no time
+#: at all to the stores (Redis keeps milliseconds in 64 bits, Python's datetime ends there).
+MAX_UNIX_TIME = 253_402_300_799.0
+
+
+def check_unix_time(name: str, value: object) -> float:
+    """Return ``value`` as Unix time in seconds (``>= 0`` and at most :data:`MAX_UNIX_TIME`)."""
+    seconds = check_seconds(name, value)
+    if seconds > MAX_UNIX_TIME:
+        raise ValueError(f"{name} must be Unix time in seconds up to {MAX_UNIX_TIME:.0f} "
+                         f"(the year 9999), got {value}")
+    return seconds
+
+
 def check_choice(name: str, value: T, choices: Collection[T]) -> T:
     """Return ``value`` if it is one of ``choices``, else a ``ValueError`` listing them."""
     if value not in choices:

@@ -36,11 +36,12 @@ from signals._model import (
     Outcome,
     Receipt,
     ReceiptStatus,
+    RunInfo,
     Signal,
     StreamPart,
     ThreadInfo,
 )
-from signals._run import Reducer, Run, RunInfo
+from signals._run import Reducer, Run
 from signals._runtime import Agent, SignalRuntime
 from signals._schedules import CatchUp, Schedule
 from signals.kit._core import DeadLetter, Overflow, SignalCore, is_signal_core

@@ -20,7 +20,8 @@ from _signal_leases.aio import loop_time, retry_unavailable, unix_now
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import check_identifier, check_optional_int
 from signals._doorbell import Doorbell
-from signals._run import Reducer, Run, RunInfo
+from signals._model import RunInfo
+from signals._run import Reducer, Run
 from signals._telemetry import Telemetry
 from signals.kit._capabilities import PartIn
 from signals.kit._core import RunRef

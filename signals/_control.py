@@ -23,8 +23,7 @@ if TYPE_CHECKING:
     from _signal_leases.aio import WakeQueue
     from leases import LeaseProvider
     from signals._chain import Chain
-    from signals._model import Receipt
-    from signals._run import RunInfo
+    from signals._model import Receipt, RunInfo
     from signals.kit._core import SignalCore
     from signals.kit._store import KitStore
 

@@ -14,8 +14,8 @@ from _signal_leases.validation import (
     check_identifier,
     check_int,
     check_optional_int,
-    check_seconds,
     check_str,
+    check_unix_time,
 )
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Outcome",
     "Receipt",
     "ReceiptStatus",
+    "RunInfo",
     "Signal",
     "StreamPart",
     "ThreadInfo",
@@ -141,7 +142,7 @@ class Signal:
         for name in ("not_before", "expires_at"):
             value = getattr(self, name)
             if value is not None:
-                check_seconds(name, value)
+                check_unix_time(name, value)
         if (self.not_before is not None and self.expires_at is not None
                 and self.expires_at <= self.not_before):
             raise ValueError("expires_at must be later than not_before")
@@ -369,3 +370,19 @@ class Delivery:
 def check_max_bytes(value: object) -> int:
     """Validate a ``max_signal_bytes`` setting (at least 1 KiB)."""
     return check_int("max_signal_bytes", value, minimum=1024)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A snapshot of the run this process has on a thread (see ``SignalRuntime.active_run``).
+
+    ``token`` is the fencing token of the run's lease (``None`` with the no-op provider);
+    ``started_at`` is Unix time in seconds; ``runs`` counts the runs of the chain so far (1 for
+    the run that woke the thread, +1 per handoff).
+    """
+
+    run_id: str
+    thread_key: str
+    token: int | None
+    started_at: float
+    runs: int

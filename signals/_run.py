@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from signals.kit._core import InboxEntry, Taken
     from signals.kit._store import KitStore
 
-__all__ = ["Doorbell", "Reducer", "Run", "RunInfo"]  # Doorbell: re-exported
+__all__ = ["Doorbell", "Reducer", "Run"]  # Doorbell: re-exported
 
 Reducer = Callable[[list[Signal]], Any]
 """``fn(signals) -> payload``: folds the pending signals of a ``coalesce`` lane into one."""
@@ -35,22 +35,6 @@ _ORDER = itertools.count()
 #: Signal ids a run remembers as acknowledged (a second ack of one is a no-op; a notice that
 #: carries one late is dropped); older ones are forgotten, so a long run's memory is bounded.
 _KEEP_ACKED = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """A snapshot of the run this process has on a thread (see ``SignalRuntime.active_run``).
-
-    ``token`` is the fencing token of the run's lease (``None`` with the no-op provider);
-    ``started_at`` is Unix time in seconds; ``runs`` counts the runs of the chain so far (1 for
-    the run that woke the thread, +1 per handoff).
-    """
-
-    run_id: str
-    thread_key: str
-    token: int | None
-    started_at: float
-    runs: int
 
 
 def _key(entry: InboxEntry) -> tuple[int, int, int]:

@@ -446,6 +446,9 @@ async def test_pause_resume_and_dispositions_over_http(redis_url: str, key_prefi
         assert [p["id"] for p in pending] == ["b1", "d", "c"]  # priority, then accept order
         bad = await kit.client.post("/threads/p/signals", json={"payload": 0, "priority": "hi"})
         assert bad.status_code == 400 and "priority" in bad.json()["message"]
+        far = await kit.client.post("/threads/p/signals",
+                                    json={"payload": 0, "expires_at": 1.7976931348623157e308})
+        assert far.status_code == 400 and "expires_at" in far.json()["message"]
         resumed = await kit.client.post("/threads/p/resume")
         assert resumed.json() == {"thread_key": "p", "paused": False, "was_paused": True}
         assert (await kit.client.get("/threads/p")).json()["thread"]["paused"] is False

@@ -72,7 +72,8 @@ def test_a_foreign_pubsub_module_is_a_clear_import_error(tmp_path: Path) -> None
 def test_a_redis_sender_imports_no_other_backend() -> None:
     """The cold start of a serverless sender (docs/performance.md): ``import signals, pubsub``
     and the Redis pub/sub load neither SQLite, Postgres, the in-memory backends, structlog nor
-    the time zones of schedules; each is imported on first use. (redis-py itself imports OpenTelemetry when installed.)"""
+    the time zones of schedules; each is imported on first use. (redis-py itself imports
+    OpenTelemetry when installed.)"""
     code = (
         "import sys, signals, pubsub, leases; pubsub.RedisStreamsPubSub; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -158,6 +158,18 @@ def test_cron_ticks_follow_the_zone_across_daylight_saving() -> None:
     assert utc - first == 3600  # 09:00 UTC is 10:00 in Paris in winter
 
 
+def test_a_time_past_the_year_9999_is_refused_naming_the_argument() -> None:
+    """The largest float as ``expires_at`` (found by fuzzing the HTTP API) overflowed the
+    Redis store's milliseconds: a time no store can hold is refused where the signal is made."""
+    with pytest.raises(ValueError, match="not_before must be Unix time in seconds up to"):
+        Signal({}, not_before=1.7976931348623157e308)
+    with pytest.raises(ValueError, match="expires_at must be Unix time in seconds up to"):
+        Signal({}, expires_at=1.7976931348623157e308)
+    with pytest.raises(ValueError, match="expires_at"):
+        Signal({}, expires_at=float("inf"))
+    assert Signal({}, expires_at=253_402_300_799).expires_at == 253_402_300_799
+
+
 def test_bad_schedules_name_the_argument() -> None:
     async def main() -> None:
         async with InMemoryPubSub() as ps, SignalRuntime(pubsub=ps, agent=None) as rt:

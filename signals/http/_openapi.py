@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from _signal_leases.validation import MAX_UNIX_TIME
+
 __all__ = ["openapi"]
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -53,6 +55,7 @@ _WAIT = _query("wait", {"type": "number", "minimum": 0},
 _NULLABLE_STR = {"type": ["string", "null"]}
 _NULLABLE_NUM = {"type": ["number", "null"]}
 _NULLABLE_INT = {"type": ["integer", "null"]}
+_NULLABLE_TIME = {"type": ["number", "null"], "minimum": 0, "maximum": MAX_UNIX_TIME}
 
 _SIGNAL_FIELDS: dict[str, Any] = {
     "payload": {"description": "Any JSON value (null too)"},
@@ -61,8 +64,8 @@ _SIGNAL_FIELDS: dict[str, Any] = {
     "lane": _NULLABLE_STR,
     "merge": {"enum": ["append", "supersede", "coalesce"]},
     "cache_key": _NULLABLE_STR,
-    "not_before": _NULLABLE_NUM,
-    "expires_at": _NULLABLE_NUM,
+    "not_before": _NULLABLE_TIME,
+    "expires_at": _NULLABLE_TIME,
     "debounce_ms": _NULLABLE_INT,
     "max_wait_ms": _NULLABLE_INT,
 }

@@ -72,11 +72,11 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
 
     ``max_stream_length`` (approximate ``MAXLEN``) and ``stream_idle_ttl_ms`` (sliding
     ``PEXPIRE``, slid by a publish at most every tenth of it: an idle stream goes between 90
-    and 100 % of it after its last event) bound each stream; 0 disables a bound. The reader blocks up to ``block_ms``.
-    Entries pending on a consumer for ``reclaim_idle_ms`` are reclaimed (looked for every
-    ``reclaim_interval_ms``, default half of that), and a process silent for ten times
-    ``reclaim_idle_ms`` is taken for dead: its private groups are reaped. ``consumer_name``
-    (no ``:``; unique among live processes) defaults to pid plus random.
+    and 100 % of it after its last event) bound each stream; 0 disables a bound. The reader
+    blocks up to ``block_ms``. Entries pending on a consumer for ``reclaim_idle_ms`` are
+    reclaimed (looked for every ``reclaim_interval_ms``, default half of that), and a process
+    silent for ten times ``reclaim_idle_ms`` is taken for dead: its private groups are reaped.
+    ``consumer_name`` (no ``:``; unique among live processes) defaults to pid plus random.
 
     Redis Cluster (``cluster=True``, or a ``RedisCluster`` client): every command names one
     stream or one key, so none crosses slots; the reader reads each stream with an
