@@ -63,14 +63,26 @@ def spawn(script: Path, *args: str) -> subprocess.Popen[str]:
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (Linux; ``None`` elsewhere
+    or once the process is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cpu_of(fields: list[str] | None) -> float:
+    """User + system CPU seconds in ``fields`` (:func:`_stat`); 0 without them."""
+    if fields is None:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    return _cpu_of(_stat(pid))
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -78,13 +90,9 @@ def tree_cpu_s(pid: int) -> float:
     total = _cpu_s(pid)
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == pid:
-                total += _cpu_s(int(entry))
+            fields = _stat(entry)  # read once: the parent's pid and the CPU seconds
+            if fields is not None and fields[1] == str(pid):
+                total += _cpu_of(fields)
     return total
 
 

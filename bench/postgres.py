@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 import psycopg
 
-from bench._handoff import Cpu, compare_handoffs, serve_worker, spawn, tree_cpu_s, wait_ready
+from bench._handoff import Cpu, compare_handoffs, serve_worker, spawn, wait_ready
 from bench._handoff import routed_round as handoff_round
+from bench._server import postgres_dsn
 from pubsub import PostgresPubSub
 from signals import Run, SignalRuntime
 
@@ -169,22 +170,8 @@ async def main(args: argparse.Namespace, dsn: str,
 
 
 async def run(args: argparse.Namespace) -> None:
-    if args.dsn:
-        await main(args, args.dsn)
-        return
-    from signals.soak.postgres_server import OwnPostgres, postgres_bin_dir
-
-    bin_dir = postgres_bin_dir()
-    if bin_dir is None:
-        raise SystemExit("PostgreSQL is not installed (apt-get install -y postgresql); or --dsn")
-    server = OwnPostgres(bin_dir)
-    await server.start()
-    try:
-        pid_file = server.directory / "data" / "postmaster.pid"
-        postmaster = int(pid_file.read_text().split()[0])
-        await main(args, server.url, lambda: tree_cpu_s(postmaster))
-    finally:
-        await server.stop()
+    async with postgres_dsn(args.dsn) as (dsn, server):
+        await main(args, dsn, server)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import psycopg
 from _signal_leases.sql import Tx
 from _signal_leases.sql.postgres import PostgresDatabase
 from bench._handoff import spawn, wait_ready
+from bench._server import postgres_dsn
 
 CONSUMER = Path(__file__).resolve().parent / "postgres.py"
 
@@ -89,20 +90,8 @@ async def main(args: argparse.Namespace, dsn: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> None:
-    if args.dsn:
-        await main(args, args.dsn)
-        return
-    from signals.soak.postgres_server import OwnPostgres, postgres_bin_dir
-
-    bin_dir = postgres_bin_dir()
-    if bin_dir is None:
-        raise SystemExit("PostgreSQL is not installed (apt-get install -y postgresql); or --dsn")
-    server = OwnPostgres(bin_dir)
-    await server.start()
-    try:
-        await main(args, server.url)
-    finally:
-        await server.stop()
+    async with postgres_dsn(args.dsn) as (dsn, _):
+        await main(args, dsn)
 
 
 if __name__ == "__main__":

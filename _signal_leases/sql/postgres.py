@@ -112,13 +112,14 @@ class _Batch:
     def _text(self, sql: str, params: Sequence[Any]) -> str:
         if not params:
             return sql
-        args: str = self._bind(", ".join(["%s"] * len(params)), tuple(params))
         prepared = self._prepared
         name = prepared.names.get(sql) or self._new.get(sql)
+        if name is None and len(prepared.names) + len(self._new) >= _MAX_PREPARED:
+            text: str = self._bind(sql, tuple(params))
+            return text
+        # (bound before a new name is taken: a value that cannot be bound registers nothing)
+        args: str = self._bind(", ".join(["%s"] * len(params)), tuple(params))
         if name is None:
-            if len(prepared.names) + len(self._new) >= _MAX_PREPARED:
-                text: str = self._bind(sql, tuple(params))
-                return text
             name = self._new[sql] = f"sl_{prepared.count}"
             prepared.count += 1
             n = iter(range(1, len(params) + 1))

@@ -211,8 +211,7 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
         if not self._handle.initialized:
             await self._handle.ready()
         stream = self._ctx.layout.stream(topic)
-        settings = self._ctx.settings
-        maxlen = settings.max_stream_length or None
+        maxlen = self._ctx.settings.max_stream_length or None
         with map_errors(f"publish to {topic!r}"):
             if not self._ttl_due(stream):  # a plain XADD: the TTL was slid a moment ago
                 await self.redis_client.xadd(stream, {"event": wire}, maxlen=maxlen,
@@ -230,12 +229,12 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
         ttl_ms = self._ctx.settings.stream_idle_ttl_ms
         if not ttl_ms:
             return False
+        every, now = ttl_ms / 10_000, time.monotonic()  # (a tenth of the TTL, in seconds)
         slid = self._slid.get(stream)
-        now = time.monotonic()
-        if slid is not None and now - slid < ttl_ms / 10_000:
+        if slid is not None and now - slid < every:
             return False
         if len(self._slid) >= 10_000:  # keep the memo small: forget what is due anyway
-            self._slid = {k: t for k, t in self._slid.items() if now - t < ttl_ms / 10_000}
+            self._slid = {k: t for k, t in self._slid.items() if now - t < every}
         return True
 
     async def backend_subscribe(
