@@ -41,9 +41,10 @@ class Batch(Protocol):
     def write(self, sql: str, params: Sequence[Any]) -> None:
         """Queue a statement whose result nobody reads."""
 
-    def run(self, queries: Sequence[tuple[str, Sequence[Any]]]
+    def run(self, queries: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False
             ) -> list[tuple[list[tuple[Any, ...]], int]]:
-        """Send what is queued and ``queries``; each query's rows and row count."""
+        """Send what is queued and ``queries``; each query's rows and row count. ``commit``:
+        COMMIT goes out in the same message, after them (the transaction ends there)."""
 
     def clock(self) -> tuple[int, float]:
         """The transaction's clock, as :meth:`Database.begin` returns it (read with the
@@ -148,6 +149,14 @@ class Tx:
             return [self.all(sql, params) for sql, params in queries]
         return [rows for rows, _ in self._batch.run(
             [(self._sql(sql), params) for sql, params in queries])]
+
+    def last(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Every row of the transaction's last statement. With a batch it goes out with what
+        is queued and COMMIT, as one message: a call that is one statement is one round
+        trip. No statement may follow it."""
+        if self._batch is None:
+            return self.all(sql, params)
+        return self._batch.run([(self._sql(sql), params)], commit=True)[0][0]
 
     def value(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """The first column of the first row (``None`` when there is no row)."""

@@ -134,15 +134,17 @@ class _Batch:
         self._cursor.execute(";\n".join(texts))
         self._prepared.names.update(new)  # (after an error: names not used again)
 
-    def run(self, queries: Sequence[tuple[str, Sequence[Any]]]
+    def run(self, queries: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False
             ) -> list[tuple[list[tuple[Any, ...]], int]]:
         reads = [self._text(sql, params) for sql, params in queries]  # (PREPAREs queue first)
         texts, self._queued = self._queued, []
         skip = len(texts)
-        clock = self._clock is None
+        clock = self._clock is None and not commit
         if clock:
             texts.append(f"SELECT {NOW_MS}")
-        self._send(texts + reads)
+        self._send(texts + reads + (["COMMIT"] if commit else []))
+        if commit:
+            self._queued = ["BEGIN"]  # ended: commit() has nothing to send
         cursor = self._cursor
         for _ in range(skip):
             cursor.nextset()

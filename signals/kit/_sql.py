@@ -45,6 +45,7 @@ from signals.kit._core import (
 )
 from signals.kit._derived import TOPIC_PREFIX, PubSubNotices
 from signals.kit._engine import Engine, Outbox
+from signals.kit._sql_fast import settle_one
 
 if TYPE_CHECKING:
     from leases import LeaseProvider
@@ -98,6 +99,10 @@ class SQLCore:
             self.listen = notices.listen
         self._ready = False
         self._followers: list[_Follower] = []
+
+    #: Use the one-statement paths of ``_sql_fast`` where the database batches (Postgres);
+    #: False: the engine does every call (the tests compare the two).
+    fast_paths = True
 
     async def _call(self, fn: Callable[[SQLTables], T], *, fused: bool = False,
                     write: bool = True, what: str = "a signal call") -> T:
@@ -172,6 +177,15 @@ class SQLCore:
                      failed: Sequence[str] = (), returned: Sequence[str] = (),
                      error: str | None = None) -> bool:
         e = self.engine
+        if (self.fast_paths and len(acks) == 1 and not failed and not returned
+                and self.database.dialect == "postgres"):
+            fused, cap = self.leases is not None, self.stream_max_parts
+            age, ack = self.stream_retention_ms / 1000, acks[0]
+            if await self._call(lambda t: settle_one(t.tx, thread_key, run, ack, fused=fused,
+                                                     max_parts=cap, retention_s=age),
+                                fused=True, what="inbox settle"):
+                self._parts_written(thread_key)
+                return True
         ok = await self._call(
             lambda t: e.settle(t, thread_key, run, acks, failed, returned, error), fused=True,
             what="inbox settle")
