@@ -272,3 +272,46 @@ async def test_a_batched_transaction_binds_any_value_and_survives_errors(
         assert await db.run(prepared) == before + 1  # one statement, prepared once
     finally:
         await db.aclose()
+
+
+async def test_a_notification_wakes_only_processes_that_read_its_topic(
+        postgres_dsn: str, pg_schema: str) -> None:
+    """Every process LISTENs on one channel; one that reads none of a ring's topics drops
+    it in its listener's thread: a busy topic of others costs its event loop nothing."""
+    import anyio
+
+    from pubsub import Event
+
+    got: list[str] = []
+    done = anyio.Event()
+
+    async def handler(event: Event) -> None:
+        got.append(event.id)
+        if len(got) == 5:
+            done.set()
+
+    b = PostgresPubSub(postgres_dsn, schema=pg_schema)
+    woken: list[str | None] = []
+    wake, rung_y = b._wake, anyio.Event()
+
+    def spy(topic: str | None) -> None:
+        woken.append(topic)
+        if topic == "y":
+            rung_y.set()
+        wake(topic)
+    b._wake = spy  # type: ignore[method-assign]
+    async with PostgresPubSub(postgres_dsn, schema=pg_schema) as a, b:
+        sub_a = await a.subscribe("x", handler)
+        sub_b = await b.subscribe("y", handler)
+        await anyio.sleep(0.2)  # (each listener's first look, after connecting, is done)
+        woken.clear()
+        for i in range(5):
+            await a.publish("x", Event("e", {"i": i}))
+        with anyio.fail_after(10):
+            await done.wait()
+        await a.publish("y", Event("e", {}))  # a ring b reads: it still wakes b
+        with anyio.fail_after(10):
+            await rung_y.wait()
+        assert "x" not in woken, woken
+        await sub_a.close()
+        await sub_b.close()

@@ -30,7 +30,7 @@ from _signal_leases.errors import BackendError, BackendPermanentError, BackendUn
 from _signal_leases.sql import Database, Tx
 from _signal_leases.validation import check_int
 
-__all__ = ["PostgresDatabase", "import_psycopg"]
+__all__ = ["NOTIFY_MAX_BYTES", "NOW_MS", "PostgresDatabase", "import_psycopg"]
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 #: SQLSTATE classes and codes that no retry will fix.
@@ -62,6 +62,9 @@ def _safe_dsn(dsn: str) -> str:
     return re.sub(r"(password\s*=\s*)\S+", r"\1***", text)
 
 
+#: The longest ``NOTIFY`` payload sent (bytes; Postgres allows 8,000): a longer topic is sent
+#: as "" (look at every topic).
+NOTIFY_MAX_BYTES = 7000
 #: The transaction's clock in ms, in SQL: what ``Tx.now_ms`` holds in a Postgres transaction.
 NOW_MS = "(extract(epoch FROM transaction_timestamp()) * 1000)::bigint"
 

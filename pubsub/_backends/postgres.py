@@ -31,7 +31,7 @@ import anyio.to_thread
 from _signal_leases.aio import owned_task_group
 from _signal_leases.logs import get_logger
 from _signal_leases.sql import Tx
-from _signal_leases.sql.postgres import PostgresDatabase
+from _signal_leases.sql.postgres import NOTIFY_MAX_BYTES, PostgresDatabase
 from leases import SQLLeaseProvider
 from pubsub._backends.sql.pubsub import SQLPubSub
 from pubsub._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS
@@ -39,7 +39,6 @@ from pubsub._contract import DEFAULT_MAX_DELIVERY_ATTEMPTS
 __all__ = ["PostgresPubSub"]
 
 logger = get_logger("pubsub")
-_MAX_PAYLOAD = 7000  # bytes; NOTIFY allows 8,000
 
 
 class _Gone(Exception):
@@ -72,10 +71,13 @@ class _NotifyDoorbell:
         self._db = database
         self.channel = f"signal_leases.{database.schema}"
         self._limiter = anyio.CapacityLimiter(1)  # the listener's thread, not the pool's
+        #: The topics this process reads (set by the pub/sub; called in the listener's
+        #: thread): a ring for another topic is dropped there, waking nothing.
+        self.wanted: Callable[[str], bool] | None = None
 
     def ring_in(self, tx: Tx, topics: Collection[str]) -> None:
         for topic in topics:
-            payload = topic if len(topic.encode()) <= _MAX_PAYLOAD else ""  # "": every topic
+            payload = topic if len(topic.encode()) <= NOTIFY_MAX_BYTES else ""  # "": every topic
             tx.write("SELECT pg_notify(?, ?)", (self.channel, payload))  # nothing waits
 
     async def ring(self, topics: Collection[str]) -> None:
@@ -128,8 +130,12 @@ class _NotifyDoorbell:
             return
         delay, missed = 0.1, False
 
+        wanted = self.wanted
+
         def tell(topic: str) -> None:
             nonlocal missed
+            if topic and wanted is not None and not missed and not wanted(topic):
+                return  # another process's topic
             try:
                 theirs.sendall((("" if missed else topic) + "\0").encode())
                 missed = False

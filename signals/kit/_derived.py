@@ -100,6 +100,17 @@ class PubSubNotices:
 
         return stage
 
+    def sql_notices(self, database: object) -> tuple[str, str] | None:
+        """``(topic prefix of a runtime's notices, NOTIFY channel)`` when a statement of the
+        core in ``database`` may publish a notice by SQL of its own: the pub/sub keeps its
+        events there and rings by ``NOTIFY`` (``SQLPubSub.notify_channel``). ``None``
+        otherwise."""
+        channel_of = getattr(self._pubsub, "notify_channel", None)
+        if channel_of is None or getattr(self._pubsub, "sql_database", None) is not database:
+            return None
+        channel = channel_of()
+        return None if channel is None else (f"{self._prefix}.notice.", channel)
+
     async def announce(self, topics: Collection[str]) -> None:
         """Wake the readers of ``topics`` after the transaction that staged them committed."""
         await self._pubsub.announce(topics)  # type: ignore[attr-defined]

@@ -197,6 +197,10 @@ class Rules:
         known = t.receipt(key, signal.id)
         if known is not None:
             return Accepted("duplicate", receipt=_receipt(known)), th, None
+        waiting = t.by_signal(key, signal.id)
+        if waiting is not None:  # still pending, its receipt trimmed (past max_receipts)
+            status = "scheduled" if waiting.state == "later" else "pending"
+            return Accepted("duplicate", receipt=Receipt(signal.id, status)), th, None  # type: ignore[arg-type]
         lane = signal.lane
         state = th.lanes.get(lane, {}) if lane else {}
         if lane and signal.cache_key is not None and state.get("c") == signal.cache_key:

@@ -30,7 +30,7 @@ from _signal_leases.errors import CursorExpiredError
 from _signal_leases.sql import Database, Tx
 from _signal_leases.validation import check_int
 from signals._model import EntryMode, Receipt, Signal, StreamPart
-from signals.kit._capabilities import Claim, Claimed, Notice, PartIn, Routed
+from signals.kit._capabilities import CARRY_LIMIT, Claim, Claimed, Notice, PartIn, Routed
 from signals.kit._core import (
     NO_LIMITS,
     Accepted,
@@ -45,7 +45,7 @@ from signals.kit._core import (
 )
 from signals.kit._derived import TOPIC_PREFIX, PubSubNotices
 from signals.kit._engine import Engine, Outbox
-from signals.kit._sql_fast import settle_one
+from signals.kit._sql_fast import notice_pieces, route_one, settle_one
 
 if TYPE_CHECKING:
     from leases import LeaseProvider
@@ -250,11 +250,45 @@ class SQLCore:
                     claim: Claim | None, sender: str | None, wake_workers: bool,
                     limits: Limits = NO_LIMITS) -> Routed:
         e = self.engine
+        fast = await self._route_fast(thread_key, signal, mode, sender, limits)
+        if fast is not None:
+            self._parts_written(thread_key)
+            return fast
         routed = await self._call_out(
             lambda t, out: e.route(t, thread_key, signal, mode, claim, sender, wake_workers,
                                    limits, out), what=f"send to thread {thread_key!r}")
         self._parts_written(thread_key)
         return routed
+
+    async def _route_fast(self, key: str, signal: Signal, mode: EntryMode, sender: str | None,
+                          limits: Limits) -> Routed | None:
+        """A plain signal (no lane, no ``not_before``) to a live owner in one statement
+        (``_sql_fast.route_one``), where the database is Postgres and the notices' pub/sub
+        keeps its events in it; ``None``: the engine's path."""
+        sql_notices = getattr(self._notices, "sql_notices", None)
+        if (not self.fast_paths or self.database.dialect != "postgres" or sql_notices is None
+                or signal.lane is not None or signal.not_before is not None):
+            return None
+        found = sql_notices(self.database)
+        carry = mode == "deliver" and len(signal.encode()) <= CARRY_LIMIT
+        pieces = notice_pieces(key, signal, mode, carry)
+        if found is None or pieces is None:
+            return None
+        prefix, channel = found
+        keep, window = self.max_receipts, self.engine.retention_s
+        cap, age = self.stream_max_parts, self.stream_retention_ms / 1000
+        done = await self._call(
+            lambda t: route_one(t.tx, key, signal, mode, carry=carry, limits=limits, keep=keep,
+                                window_s=window, max_parts=cap, retention_s=age,
+                                sender=sender, prefix=prefix, channel=channel, pieces=pieces),
+            fused=True, what=f"send to thread {key!r}")
+        if done is None:
+            return None
+        seq, now, owner, topic = done
+        if topic is not None:
+            await self._notices.announce((topic,))
+        receipt = Receipt(signal.id, "pending", at=now)
+        return Routed(Accepted("fresh", str(seq), receipt), owner, carried=carry)
 
     async def claim(self, thread_key: str, claim: Claim) -> Claimed:
         e = self.engine

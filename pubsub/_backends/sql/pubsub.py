@@ -50,7 +50,10 @@ class Doorbell(Protocol):
 
     A doorbell whose database can signal inside a transaction (Postgres ``NOTIFY``, sent at
     commit) also has ``ring_in(tx, topics)``, a synchronous method the pub/sub then calls in
-    the publishing transaction instead of :meth:`ring` after it.
+    the publishing transaction instead of :meth:`ring` after it. A doorbell that hears every
+    ring (one ``NOTIFY`` channel) may have an attribute ``wanted``: the pub/sub sets it to a
+    thread-safe ``wanted(topic) -> bool`` (a topic this process reads), so that rings for
+    other processes' topics wake nothing here.
     """
 
     async def ring(self, topics: Collection[str]) -> None:
@@ -96,6 +99,9 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
         self._doorbell = doorbell
         self._ring_in: Callable[[Tx, Collection[str]], None] | None = getattr(
             doorbell, "ring_in", None)
+        self._topics: dict[str, int] = {}  # topic -> subscriptions here (read by wanted())
+        if hasattr(doorbell, "wanted"):
+            doorbell.wanted = self._topics.__contains__
         self.poll_ms = check_int("poll_ms", poll_ms)
         self.retention_ms = check_int("retention_ms", retention_ms)
         self.visibility_ms = check_int("visibility_ms", visibility_ms, minimum=100)
@@ -169,6 +175,16 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
         if self._ring_in is not None:
             self._ring_in(tx, (topic,))
 
+    def notify_channel(self) -> str | None:
+        """The ``NOTIFY`` channel its doorbell rings inside a transaction (Postgres), for a
+        statement of the signal core that publishes a notice by SQL of its own (an event row
+        in ``ps_events``, as :func:`~pubsub._backends.sql.tables.publish` writes it, and
+        ``pg_notify`` on this channel with the topic); ``None`` when its doorbell does not.
+        Raises as :meth:`publish` does when the pub/sub is closed."""
+        self._check_open(publishing=True)
+        channel = getattr(self._doorbell, "channel", None)
+        return channel if isinstance(channel, str) and self._ring_in is not None else None
+
     async def announce(self, topics: Collection[str]) -> None:
         """Wake the readers of ``topics`` after a commit that published on them."""
         if topics:
@@ -192,6 +208,7 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
                                     what=f"join of group {group!r}")
         sub = _Sub(topic, group, handler, LoopSubscription(topic, group), cursor=cursor)
         self._subs.append(sub)
+        self._topics[topic] = self._topics.get(topic, 0) + 1  # (then a look: see below)
         await self.task_group.start(self._serve, sub)
         self._wake(topic)
         return sub.loop
@@ -227,6 +244,9 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
     def _forget(self, sub: _Sub) -> None:
         if sub in self._subs:
             self._subs.remove(sub)
+            left = self._topics.pop(sub.topic, 1) - 1
+            if left:
+                self._topics[sub.topic] = left
         if sub.group is not None and sub.claimed:
             self._released.append((sub.topic, sub.group, set(sub.claimed)))
             self._wake_event.set()

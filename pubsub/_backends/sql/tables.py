@@ -20,11 +20,14 @@ from _signal_leases.sql import Tx
 from _signal_leases.sql.postgres import NOW_MS
 
 __all__ = [
-    "COMPONENT", "VERSION", "ack", "claim", "ddl", "events_after", "extend", "fail",
-    "join_group", "latest_id", "prune", "publish",
+    "COMPONENT", "TOPIC_LOCK", "VERSION", "ack", "claim", "ddl", "events_after", "extend",
+    "fail", "join_group", "latest_id", "prune", "publish",
 ]
 
 COMPONENT, VERSION = "pubsub", 1
+#: The advisory lock (first key; the second is ``hashtext(topic)``) that publishers of one
+#: topic take in turn, to the commit (see :func:`publish`).
+TOPIC_LOCK = 1347634003
 
 
 def ddl(dialect: str) -> list[str]:
@@ -55,7 +58,7 @@ def publish(tx: Tx, topic: str, body: str) -> None:
     lock on the topic, held to the commit), so an id is never handed out while a smaller one
     of its topic may still commit."""
     if tx.dialect == "postgres":  # (a write nothing waits for: the id is not needed)
-        tx.write("WITH turn AS (SELECT pg_advisory_xact_lock(1347634003, hashtext(?))) "
+        tx.write(f"WITH turn AS (SELECT pg_advisory_xact_lock({TOPIC_LOCK}, hashtext(?))) "
                  f"INSERT INTO ps_events (topic, body, at_ms) SELECT ?, ?, {NOW_MS} FROM turn",
                  (topic, topic, body))
         return
