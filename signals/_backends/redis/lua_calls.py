@@ -40,6 +40,14 @@ if redis.call('ZSCORE', K.seen, sid) then
   return reply('duplicate', false, redis.call('HGET', K.rc, sid) or false, false, {}, {}, false,
                owner, 0, false, 0)
 end
+local waiting = redis.call('HGET', K.ix, sid)
+if waiting then  -- still pending, its receipt trimmed (past max receipts)
+  local wm = cjson.decode(redis.call('HGET', K.em, waiting))
+  local st = 'pending'
+  if wm.st == 'later' then st = 'scheduled' end
+  return reply('duplicate', false, cjson.encode({status = st}), false, {}, {}, false, owner, 0,
+               false, 0)
+end
 local ls = {}
 if lane then ls = lane_state(lane) end
 if lane and ARGV[15] == '1' and ls.c == ARGV[14] then
