@@ -157,7 +157,7 @@ async def test_a_routed_signal_waits_for_few_round_trips(
     # Measured at 4.7 to 4.75 (the background calls of the window included): the reads of
     # each call go out together (SQLTables.preload), with BEGIN and the clock, read-only
     # calls run without a transaction, and the owner's acknowledgement is one statement sent
-    # with COMMIT (signals.kit._sql_fast); 5.55 to 5.6 before that; 21 to 22.4 with a round
+    # with COMMIT (signals.kit._sql.fast); 5.55 to 5.6 before that; 21 to 22.4 with a round
     # trip per read, BEGIN and COMMIT; 39 with every statement waiting (no pipeline).
     assert per_signal <= 5.5, per_signal
     # And statements (each costs the client and the server CPU whether it waits or not):

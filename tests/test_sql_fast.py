@@ -1,4 +1,4 @@
-"""The one-statement paths of ``SQLCore`` on Postgres (``signals.kit._sql_fast``) leave the
+"""The one-statement paths of ``SQLCore`` on Postgres (``signals.kit._sql.fast``) leave the
 rows the engine leaves: random calls on one thread of two cores, one with the paths and one
 without, each fused with the leases of its own schema, and after every step their tables
 are compared (times only as present or not)."""
@@ -200,7 +200,7 @@ class FastMachine(RuleBasedStateMachine):
 def test_the_fast_paths_leave_the_rows_the_engine_leaves(
         postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import signals.kit._sql as sql_core
-    from signals.kit._sql_fast import route_one, settle_one
+    from signals.kit._sql.fast import route_one, settle_one
     used = {"settle": 0, "route": 0}
 
     def counting(name: str, fn: Any) -> Any:

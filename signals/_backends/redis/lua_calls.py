@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from signals._backends.redis.lua import INBOX_FUNCTIONS
 
-__all__ = [
-    "ABORT", "ACCEPT", "CLAIM", "LOOK_AT", "PAUSE", "RELEASE_IF_IDLE", "REVIVE", "SETTLE",
-    "TAKE", "WITHDRAW",
-]
+__all__ = ["ABORT", "ACCEPT", "CLAIM", "LOOK_AT", "PAUSE", "RELEASE_IF_IDLE", "REVIVE", "SETTLE",
+           "TAKE", "WITHDRAW"]
 
 
 #: ARGV after the header: 8 signal id, 9 signal JSON, 10 mode, 11 priority, 12 lane ('' none),
@@ -40,13 +38,11 @@ if redis.call('ZSCORE', K.seen, sid) then
   return reply('duplicate', false, redis.call('HGET', K.rc, sid) or false, false, {}, {}, false,
                owner, 0, false, 0)
 end
-local waiting = redis.call('HGET', K.ix, sid)
-if waiting then  -- still pending, its receipt trimmed (past max receipts)
-  local wm = cjson.decode(redis.call('HGET', K.em, waiting))
-  local st = 'pending'
-  if wm.st == 'later' then st = 'scheduled' end
-  return reply('duplicate', false, cjson.encode({status = st}), false, {}, {}, false, owner, 0,
-               false, 0)
+local waiting = redis.call('HGET', K.ix, sid)  -- pending, its receipt trimmed (max receipts)
+if waiting then
+  local st = cjson.decode(redis.call('HGET', K.em, waiting)).st == 'later' and 'scheduled'
+  return reply('duplicate', false, cjson.encode({status = st or 'pending'}), false, {}, {},
+               false, owner, 0, false, 0)
 end
 local ls = {}
 if lane then ls = lane_state(lane) end

@@ -2,7 +2,7 @@
 
 Every core call is one transaction run whole in a worker thread
 (:class:`~_signal_leases.sql.Database`); the engine's rules (``_engine``) run inside it over
-:class:`~signals.kit._sql_tables.SQLTables` (one indexed statement per method).
+:class:`~signals.kit._sql.tables.SQLTables` (one indexed statement per method).
 
 Built with a pub/sub (``pubsub=``) it is a notice channel over it; when that pub/sub keeps its
 events in the same database (``SQLPubSub``), a notice is written in the transaction of the
@@ -45,13 +45,13 @@ from signals.kit._core import (
 )
 from signals.kit._derived import TOPIC_PREFIX, PubSubNotices
 from signals.kit._engine import Engine, Outbox
-from signals.kit._sql_fast import notice_pieces, route_one, settle_one
+from signals.kit._sql.fast import notice_pieces, route_one, settle_one
 
 if TYPE_CHECKING:
     from leases import LeaseProvider
     from pubsub import PubSub
 
-from signals.kit._sql_tables import COMPONENT, DAY_MS, VERSION, SQLTables, ddl
+from signals.kit._sql.tables import COMPONENT, DAY_MS, VERSION, SQLTables, ddl
 
 __all__ = ["SQLCore"]
 
@@ -100,7 +100,7 @@ class SQLCore:
         self._ready = False
         self._followers: list[_Follower] = []
 
-    #: Use the one-statement paths of ``_sql_fast`` where the database batches (Postgres);
+    #: Use the one-statement paths of ``_sql.fast`` where the database batches (Postgres);
     #: False: the engine does every call (the tests compare the two).
     fast_paths = True
 
@@ -263,7 +263,7 @@ class SQLCore:
     async def _route_fast(self, key: str, signal: Signal, mode: EntryMode, sender: str | None,
                           limits: Limits) -> Routed | None:
         """A plain signal (no lane, no ``not_before``) to a live owner in one statement
-        (``_sql_fast.route_one``), where the database is Postgres and the notices' pub/sub
+        (``_sql.fast.route_one``), where the database is Postgres and the notices' pub/sub
         keeps its events in it; ``None``: the engine's path."""
         sql_notices = getattr(self._notices, "sql_notices", None)
         if (not self.fast_paths or self.database.dialect != "postgres" or sql_notices is None
