@@ -249,7 +249,8 @@ async def test_a_fast_settle_trims_the_stream_by_age(postgres_dsn: str) -> None:
 @pytest.mark.anyio
 async def test_a_fenced_ack_changes_nothing_on_either_path(postgres_dsn: str) -> None:
     """An older token of the same run, and a run whose thread another run's live lease
-    holds, are refused on the one-statement path as by the engine."""
+    holds, are refused on the one-statement path as by the engine; an entry id that is not
+    the entry's number as the engine writes it acknowledges nothing."""
     for fast in (True, False):
         pubsub = PostgresPubSub(postgres_dsn, schema=f"f{uuid.uuid4().hex[:12]}")
         core = SQLCore(pubsub.sql_database, leases=pubsub.get_lease_provider(), pubsub=pubsub)
@@ -265,6 +266,9 @@ async def test_a_fenced_ack_changes_nothing_on_either_path(postgres_dsn: str) ->
         assert not await core.settle(THREAD, RunRef("r/1", 5), acks=ack), fast
         assert [x.signal.id for x in await core.entries(THREAD)] == ["s0", "s1"], fast
         await leases.release_lease(THREAD, "other/1")
+        for other in ("0" + e.entry_id, "\uff11", "99999999999999999999"):  # not its id
+            assert await core.settle(THREAD, RunRef("r/1", 5), acks=[Ack(other, "s0")]), fast
+        assert [x.signal.id for x in await core.entries(THREAD)] == ["s0", "s1"], fast
         assert await core.settle(THREAD, RunRef("r/1", 5), acks=ack), fast
         assert [x.signal.id for x in await core.entries(THREAD)] == ["s1"], fast
         await _drop(pubsub)

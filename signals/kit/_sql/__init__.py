@@ -267,7 +267,8 @@ class SQLCore:
         keeps its events in it; ``None``: the engine's path."""
         sql_notices = getattr(self._notices, "sql_notices", None)
         if (not self.fast_paths or self.database.dialect != "postgres" or sql_notices is None
-                or signal.lane is not None or signal.not_before is not None):
+                or self.leases is None or signal.lane is not None
+                or signal.not_before is not None):
             return None
         found = sql_notices(self.database)
         carry = mode == "deliver" and len(signal.encode()) <= CARRY_LIMIT

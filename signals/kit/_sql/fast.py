@@ -27,6 +27,7 @@ from typing import Any
 from _signal_leases.sql import Tx
 from _signal_leases.sql.leases import LIVE
 from _signal_leases.sql.postgres import NOTIFY_MAX_BYTES, NOW_MS
+from _signal_leases.validation import MAX_IDENTIFIER_LENGTH
 from pubsub import Event
 from pubsub._backends.sql.tables import TOPIC_LOCK
 from signals._model import EntryMode, Signal
@@ -126,11 +127,17 @@ def settle_one(tx: Tx, key: str, run: RunRef, ack: Ack, *, fused: bool, max_part
     """Acknowledge ``ack`` for ``run`` in one statement when the common case holds (see the
     module docstring): True when done (the transaction is then over), False when nothing
     changed and the engine must do it."""
-    if not ack.entry_id.isdigit():
+    entry = ack.entry_id  # the engine matches it as str(seq): only that text here
+    if not (entry.isascii() and entry.isdigit() and len(entry) <= 18
+            and str(int(entry)) == entry):
+        return False
+    try:
+        data = ack_data(ack.result)
+    except ValueError:  # (the engine reads the result only for an entry it acknowledges)
         return False
     sql, order = _COMPILED[fused]
-    values: Sequence[Any] = (key, run.run_id, run.token, int(ack.entry_id), ack.signal_id,
-                             ack.result, ack_data(ack.result), max_parts, retention_s)
+    values: Sequence[Any] = (key, run.run_id, run.token, int(entry), ack.signal_id,
+                             ack.result, data, max_parts, retention_s)
     tx.write(THREAD_LOCK, (key,))
     rows = tx.last(sql, [values[i] for i in order])
     return bool(rows and rows[0][0])
@@ -150,12 +157,16 @@ def _route_sql() -> str:
         f"FROM th JOIN leases AS l ON l.key = th.key AND {LIVE.replace('?', 'th.now_ms')} "
         "WHERE NOT EXISTS (SELECT 1 FROM sig_receipts AS r WHERE r.thread = th.key AND "
         "r.sid = %(sid)s) AND NOT EXISTS (SELECT 1 FROM sig_entries AS e WHERE "
-        "e.thread = th.key AND e.sid = %(sid)s)), "
+        "e.thread = th.key AND e.sid = %(sid)s) "
+        # (a notice topic the pub/sub would refuse as too long: the engine's path says so)
+        f"AND char_length(%(prefix)s::text) + char_length(l.owner) <= {MAX_IDENTIFIER_LENGTH}), "
         # receipts past the dedup window, or past the count, as SQLTables.trim_receipts
+        # (the window's start in exact numeric, rounded once, as the engine's preload has it)
         "dead AS (SELECT r.sid FROM sig_receipts AS r, ok WHERE r.thread = ok.key AND "
-        "r.accepted < ok.now - %(window)s::float8 ORDER BY r.accepted LIMIT 100), "
+        "r.accepted < ok.now_ms / 1000.0 - %(window)s::numeric ORDER BY r.accepted LIMIT 100), "
         "extra AS (SELECT r.sid FROM sig_receipts AS r, ok WHERE r.thread = ok.key AND "
-        "r.accepted >= ok.now - %(window)s::float8 ORDER BY r.accepted LIMIT (SELECT LEAST(100, "
+        "r.accepted >= ok.now_ms / 1000.0 - %(window)s::numeric ORDER BY r.accepted LIMIT "
+        "(SELECT LEAST(100, "
         "GREATEST(0, ok.receipts - (SELECT count(*) FROM dead) - %(keep)s::bigint + 1)) "
         "FROM ok)), "
         "forgot AS (DELETE FROM sig_receipts AS r WHERE r.thread = %(key)s AND r.sid IN "
