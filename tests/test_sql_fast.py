@@ -272,3 +272,27 @@ async def test_a_fenced_ack_changes_nothing_on_either_path(postgres_dsn: str) ->
         assert await core.settle(THREAD, RunRef("r/1", 5), acks=ack), fast
         assert [x.signal.id for x in await core.entries(THREAD)] == ["s1"], fast
         await _drop(pubsub)
+
+
+@pytest.mark.anyio
+async def test_the_signal_tables_are_analyzed_once_early(postgres_dsn: str) -> None:
+    """A statement prepared while the tables were empty keeps a plan for empty tables until
+    their statistics change: the core refreshes them after its first write calls."""
+    pubsub = PostgresPubSub(postgres_dsn, schema=f"f{uuid.uuid4().hex[:12]}")
+    core = SQLCore(pubsub.database)
+    core.analyze_after = (3,)
+
+    async def analyzed() -> int:
+        return int(await pubsub.database.run(lambda tx: tx.value(
+            "SELECT COALESCE(SUM(analyze_count), 0) FROM pg_stat_user_tables WHERE "
+            "schemaname = ? AND relname IN ('sig_threads', 'sig_entries', 'sig_receipts', "
+            "'sig_parts')", (pubsub.database.schema,)), write=False, what="stats"))
+    for n in range(2):
+        await core.accept(THREAD, Signal(n, id=f"s{n}"), "deliver")
+    assert await analyzed() == 0
+    for n in range(2, 6):
+        await core.accept(THREAD, Signal(n, id=f"s{n}"), "deliver")
+    with anyio.fail_after(10):  # (the statistics' counters are flushed by the server)
+        while await analyzed() < 4:  # noqa: ASYNC110 (a server's counter)
+            await anyio.sleep(0.1)
+    await _drop(pubsub)

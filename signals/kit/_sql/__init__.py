@@ -26,7 +26,8 @@ import anyio
 
 import _signal_leases.sql.leases as sql_leases
 from _signal_leases.aio import owned_task_group
-from _signal_leases.errors import CursorExpiredError
+from _signal_leases.errors import BackendError, CursorExpiredError
+from _signal_leases.logs import get_logger
 from _signal_leases.sql import Database, Tx
 from _signal_leases.validation import check_int
 from signals._model import EntryMode, Receipt, Signal, StreamPart
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 from signals.kit._sql.tables import COMPONENT, DAY_MS, VERSION, SQLTables, ddl
 
 __all__ = ["SQLCore"]
+
+logger = get_logger("signals")
 
 T = TypeVar("T")
 
@@ -98,6 +101,7 @@ class SQLCore:
             self.notify = notices.notify
             self.listen = notices.listen
         self._ready = False
+        self._writes = 0
         self._followers: list[_Follower] = []
 
     #: Use the one-statement paths of ``_sql.fast`` where the database batches (Postgres);
@@ -122,7 +126,28 @@ class SQLCore:
             tables.finish()
             return result
 
-        return await self.database.run(call, write=write, what=what)
+        result = await self.database.run(call, write=write, what=what)
+        if write:
+            self._writes += 1
+            if self._writes in self.analyze_after and self.database.dialect == "postgres":
+                await self._analyze()
+        return result
+
+    #: After this many write calls in this process, Postgres's statistics of the signal
+    #: tables are refreshed (``ANALYZE``) once: a statement a connection prepared while the
+    #: tables were empty keeps a plan for empty tables until statistics change, and one
+    #: that picked the wrong index for a thread's receipts or entries costs O(receipts) per
+    #: signal (measured: 1.5 to 4.1 ms per routed signal over 3,000 signals on one thread,
+    #: 1.1 ms flat after an ANALYZE). Autovacuum gets there too, within a minute or so.
+    analyze_after: tuple[int, ...] = (1_000, 10_000)
+
+    async def _analyze(self) -> None:
+        try:
+            await self.database.run(
+                lambda tx: tx.execute("ANALYZE sig_threads, sig_entries, sig_receipts, "
+                                      "sig_parts"), what="table statistics")
+        except BackendError as exc:  # best effort: autovacuum analyzes them as well
+            logger.debug("signals.analyze_failed", error=repr(exc))
 
     async def _send(self, outbox: Outbox) -> None:
         for runtime_id, notice in outbox.notices:

@@ -164,13 +164,18 @@ def _route_sql() -> str:
         # (the window's start in exact numeric, rounded once, as the engine's preload has it)
         "dead AS (SELECT r.sid FROM sig_receipts AS r, ok WHERE r.thread = ok.key AND "
         "r.accepted < ok.now_ms / 1000.0 - %(window)s::numeric ORDER BY r.accepted LIMIT 100), "
+        "over AS (SELECT LEAST(100, GREATEST(0, ok.receipts - (SELECT count(*) FROM dead) - "
+        "%(keep)s::bigint + 1)) AS n FROM ok), "
+        # (read only when over the count: a plan that scans the thread's receipts to take
+        # none of them was O(receipts) per signal)
         "extra AS (SELECT r.sid FROM sig_receipts AS r, ok WHERE r.thread = ok.key AND "
-        "r.accepted >= ok.now_ms / 1000.0 - %(window)s::numeric ORDER BY r.accepted LIMIT "
-        "(SELECT LEAST(100, "
-        "GREATEST(0, ok.receipts - (SELECT count(*) FROM dead) - %(keep)s::bigint + 1)) "
-        "FROM ok)), "
-        "forgot AS (DELETE FROM sig_receipts AS r WHERE r.thread = %(key)s AND r.sid IN "
-        "(SELECT sid FROM dead UNION ALL SELECT sid FROM extra) RETURNING 1), "
+        "r.accepted >= ok.now_ms / 1000.0 - %(window)s::numeric AND (SELECT n FROM over) > 0 "
+        "ORDER BY r.accepted LIMIT (SELECT n FROM over)), "
+        # (by key, and only when there is any: a plan that reads every receipt of the
+        # thread to find none was O(receipts) per signal)
+        "forgot AS (DELETE FROM sig_receipts AS r USING (SELECT sid FROM dead UNION ALL "
+        "SELECT sid FROM extra) AS x WHERE r.thread = %(key)s AND r.sid = x.sid AND EXISTS "
+        "(SELECT 1 FROM dead UNION ALL SELECT 1 FROM extra) RETURNING 1), "
         + _trim_parts("(ok.pseq + 1)", "%(carry)s::boolean") +
         "entry AS (INSERT INTO sig_entries (thread, seq, sid, body, mode, prio, lane, merge, "
         "state, due, nb, expires, holder, attempts, error) SELECT ok.key, ok.seq, "
