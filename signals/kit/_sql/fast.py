@@ -1,17 +1,15 @@
-"""One-statement paths of :class:`~signals.kit.SQLCore` on Postgres for its most common call:
-a run acknowledging the one signal it was handed (``settle`` with one ack).
+"""One-statement paths of :class:`~signals.kit.SQLCore` on Postgres for its two most common
+calls: a run acknowledging the one signal it was handed (``settle`` with one ack), and a
+plain signal (no lane, no ``not_before``) routed to its thread's live owner (``route``).
 
 The engine (``_engine``, ``_rules``) reads a thread's rows, decides in Python and writes: two
-round trips on Postgres (the reads, then the writes with COMMIT). For a plain acknowledgement
-the decision fits in SQL: one statement (data-modifying common table expressions) checks that
-the common case holds (the thread's current run, not fenced by a newer token or another live
-lease holder; the entry and its receipt present; no lane state to tidy when the inbox
-empties) and then writes what the engine would: the entry leaves, the receipt is
-``processed`` with the result, a ``signal.acked`` part (trimming the stream as ``add_part``
-does), the thread's pending count. It goes out with the thread's lock and COMMIT as one
-message: one round trip. When the case does not hold, the statement changes nothing and the
-engine does the call (its transaction is then a second one: nothing was written in between
-that the engine would not see).
+round trips on Postgres (the reads, then the writes with COMMIT). For these calls the
+decision fits in SQL: one statement (data-modifying common table expressions) checks that the
+common case holds and then writes what the engine would (see :func:`settle_one` and
+:func:`route_one`). It goes out with the thread's lock and COMMIT as one message: one round
+trip. When the case does not hold, the statement changes nothing and the engine does the
+call (its transaction is then a second one: nothing was written in between that the engine
+would not see).
 
 Held to the engine by ``tests/test_sql_fast.py``: the same random calls on two cores, one
 with these paths and one without, leave the same rows.
@@ -34,12 +32,9 @@ from signals._model import EntryMode, Signal
 from signals.kit._capabilities import Notice
 from signals.kit._core import Ack, InboxEntry, Limits, RunRef
 from signals.kit._derived import notice_data
+from signals.kit._sql.tables import THREAD_LOCK
 
-__all__ = ["THREAD_LOCK", "ack_data", "notice_pieces", "route_one", "settle_one"]
-
-
-#: The advisory lock of a thread's calls (``SQLTables._lock``): SQL, one parameter, the key.
-THREAD_LOCK = "SELECT pg_advisory_xact_lock(1397311815, hashtext(?))"
+__all__ = ["ack_data", "notice_pieces", "route_one", "settle_one"]
 
 _NOW = f"({NOW_MS} / 1000.0)::float8"
 

@@ -21,7 +21,7 @@ from signals.kit._tables import EntryRow, LeaseAccess, ReceiptRow, ThreadRow
 if TYPE_CHECKING:
     pass
 
-__all__ = ["COMPONENT", "DAY_MS", "VERSION", "SQLTables", "ddl"]
+__all__ = ["COMPONENT", "DAY_MS", "THREAD_LOCK", "VERSION", "SQLTables", "ddl"]
 
 T = TypeVar("T")
 COMPONENT, VERSION = "signals", 1
@@ -33,6 +33,8 @@ _R = "thread, sid, status, accepted, at, run, result, error, by_sid, body, mode,
 _T = "key, seq, pending, paused, token, run, since, last, look, abort, lanes"
 _RECEIPT = f"SELECT {_R} FROM sig_receipts WHERE thread = ? AND sid = ?"
 _ENTRY = f"SELECT {_E} FROM sig_entries WHERE thread = ? AND sid = ?"
+#: The advisory lock of a thread's calls (Postgres): SQL, one parameter, the thread's key.
+THREAD_LOCK = "SELECT pg_advisory_xact_lock(1397311815, hashtext(?))"
 # Counts added to a thread's row (parameters: the thread, parts, receipts).
 _COUNT = ("INSERT INTO sig_threads (key, seq, pending, paused, pseq, receipts) VALUES (?, 0, 0, "
           "0, ?, ?) ON CONFLICT (key) DO UPDATE SET pseq = sig_threads.pseq + excluded.pseq, "
@@ -182,7 +184,7 @@ class SQLTables:
         if self._tx.dialect == "postgres" and self._tx.pipelined and key not in self._locked:
             # (a read-only call runs outside a transaction there: nothing to serialize)
             # Sent without waiting: the server runs the next read only once it holds the lock.
-            self._tx.write("SELECT pg_advisory_xact_lock(1397311815, hashtext(?))", (key,))
+            self._tx.write(THREAD_LOCK, (key,))
             self._locked.add(key)
 
     def preload(self, key: str, sids: Sequence[str], receipts_window: float | None) -> None:
