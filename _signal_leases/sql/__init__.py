@@ -248,9 +248,8 @@ class Database(ABC):
         """``fn(tx)`` in one transaction, in a worker thread (see the class docstring)."""
         if self._closed:
             raise ClosedError(f"the database {self.name} is closed")
-        # (the pool's limiter is the thread's too: one acquisition per call, not two)
-        return await anyio.to_thread.run_sync(self._call, fn, write, what,
-                                              limiter=self._limiter)
+        async with self._limiter:
+            return await anyio.to_thread.run_sync(self._call, fn, write, what)
 
     def run_sync(self, fn: Callable[[Tx], T], *, write: bool = True, what: str = "a call") -> T:
         """The same as :meth:`run`, from a worker thread the caller already runs in."""
