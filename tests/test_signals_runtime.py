@@ -226,12 +226,17 @@ async def test_a_run_over_its_timeout_is_cancelled_and_its_signal_redelivered() 
 
 
 async def test_lost_session_cancels_every_run_and_keeps_their_signals() -> None:
+    """A lost session cancels every run it guarded; their signals stay in the inbox, and the
+    runtime takes the threads back at once and hands the same signals out again."""
     clock = ManualClock()
     leases = InMemoryLeaseProvider(clock=clock)
-    started, cancelled = [], []
+    started, cancelled, again = [], [], []
 
     async def agent(run: Run) -> None:
-        async for _ in run:
+        async for signal in run:
+            if signal.attempt > 1:  # handed out again after the loss: finish this time
+                again.append((run.thread_key, signal.id, signal.attempt))
+                continue
             started.append(run.thread_key)
             try:
                 await anyio.sleep_forever()
@@ -243,19 +248,22 @@ async def test_lost_session_cancels_every_run_and_keeps_their_signals() -> None:
             pubsub=pubsub, agent=agent, lease_ttl_ms=300, recover_interval_ms=60_000,
             **parts(leases),
         ) as runtime:
-            for key in ("a", "b"):
-                await runtime.send(key, "x")
+            sent = {key: (await runtime.send(key, "x")).signal_id for key in ("a", "b")}
             with anyio.fail_after(5):
                 while len(started) < 2:  # noqa: ASYNC110 (a counter the agents bump)
                     await anyio.sleep(0.01)
             clock.advance(10)  # the server-side session expired (a stalled process, say)
             with anyio.fail_after(5):
+                while len(again) < 2:  # noqa: ASYNC110 (a counter the agents bump)
+                    await anyio.sleep(0.01)
                 await runtime.wait_idle()
             assert sorted(cancelled) == ["a", "b"]
-            assert len(await runtime.pending("a")) == 1
+            assert sorted(again) == [(key, sent[key], 2) for key in ("a", "b")]
+            assert await runtime.pending("a") == []
     lost = [e for e in logs if e["event"] == "lease.lost"]
     assert {e["key"] for e in lost} == {"a", "b"}
     assert {e["reason"] for e in lost} == {"session expired"}
+    assert {e["key"] for e in logs if e["event"] == "signals.recovered"} == {"a", "b"}
 
 
 async def test_a_run_whose_thread_was_taken_over_cannot_ack() -> None:
