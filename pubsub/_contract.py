@@ -77,21 +77,34 @@ class Event:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Event:
-        """Parse the wire form; raises ``ValueError`` (or ``TypeError``) on malformed input."""
-        obj = json.loads(raw)
+        """Parse the wire form; raises ``ValueError`` (or ``TypeError``) on malformed input.
+
+        The data is not encoded again to check it: what ``json.loads`` returns encodes,
+        except ``NaN`` and the infinities, which are refused while parsing."""
+        obj = _DECODER.decode(raw.decode() if isinstance(raw, bytes) else raw)
         if not isinstance(obj, dict):
             raise ValueError("event JSON must be an object")
-        return cls(
-            type=obj["type"],
-            data=obj.get("data"),
-            id=obj["id"],
-            created_at=float(obj["created_at"]),
-            delivery_attempt=int(obj.get("delivery_attempt", 1)),
-        )
+        event = object.__new__(cls)
+        _set(event, "type", check_str("event type", obj["type"]))
+        _set(event, "data", obj.get("data"))
+        _set(event, "id", check_str("event id", obj["id"]))
+        _set(event, "created_at", float(obj["created_at"]))
+        _set(event, "delivery_attempt", int(obj.get("delivery_attempt", 1)))
+        return event
 
     def redelivered(self) -> Event:
         """A copy with ``delivery_attempt`` increased by one."""
         return replace(self, delivery_attempt=self.delivery_attempt + 1)
+
+
+_set = object.__setattr__  # fills a parsed Event's fields (frozen) without __init__
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"event JSON must not contain {name} (not JSON)")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 EventHandler: TypeAlias = Callable[[Event], Awaitable[None]]

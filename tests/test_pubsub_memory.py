@@ -47,6 +47,24 @@ def test_constructor_validates() -> None:
     assert not is_pubsub("redis://localhost")
 
 
+def test_an_event_survives_its_wire_form_and_a_malformed_one_is_refused() -> None:
+    event = Event("e", {"text": "h\u00e9", "n": [1, 2.5, None, True]}, delivery_attempt=3)
+    for wire in (event.to_json(), event.to_json().encode()):
+        assert Event.from_json(wire) == event
+        assert Event.from_json(wire).delivery_attempt == 3
+    cases: list[tuple[str | bytes, type[Exception]]] = [
+        ('{"type":"e","id":"x","created_at":1,"data":Infinity}', ValueError),
+        ('{"type":"","id":"x","created_at":1}', ValueError),
+        ('{"type":"e","id":["x"],"created_at":1}', TypeError),
+        ('{"type":"e","created_at":1}', KeyError),
+        ("[]", ValueError),
+        (b"\xff", ValueError),
+    ]
+    for bad, error in cases:
+        with pytest.raises(error):
+            Event.from_json(bad)
+
+
 async def test_use_before_entering_is_refused_clearly() -> None:
     ps = InMemoryPubSub()
     with pytest.raises(ClosedError, match="async with"):

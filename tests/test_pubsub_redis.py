@@ -283,6 +283,63 @@ async def test_subscriptions_made_back_to_back_are_read_at_once(
             await wait_for(lambda: _true(got.data == ["now"]))
 
 
+async def test_a_handled_event_is_acked_with_the_next_read(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    """A group's member that drains its slot leaves the XACK to the reader, which sends it in
+    one pipeline with its next XREADGROUP: no round trip of its own, and nothing left pending
+    while the subscription idles (the read blocks only after the XACK) or after it closes.
+    (A fan-out slot is not held back by one entry, so the reader is already blocked again
+    when its member is done: that member sends its XACK itself.)"""
+    got = Recorder()
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=60_000) as ps:
+        own_xacks = 0
+        execute: Any = ps.redis_client.execute_command
+
+        async def counting(*args: Any, **options: Any) -> Any:
+            nonlocal own_xacks
+            own_xacks += str(args[0]).upper() == "XACK"
+            return await execute(*args, **options)
+
+        ps.redis_client.execute_command = counting  # type: ignore[method-assign]
+        sub = await ps.subscribe("t", got, group="g")
+        stream = ps.stream_key("t")
+        (info,) = await raw.xinfo_groups(stream)
+        for i in range(10):  # one at a time: each is read, handled, and its slot drained
+            await ps.publish("t", Event("e", i))
+            await wait_for(lambda n=i + 1: _true(len(got.events) == n))  # type: ignore[misc]
+
+        async def nothing_pending() -> bool:
+            return int((await raw.xpending(stream, info["name"]))["pending"]) == 0
+
+        with anyio.fail_after(5):  # far below block_ms: the XACK went before the read blocked
+            await wait_for(nothing_pending)
+        assert own_xacks == 0  # every XACK rode with a read
+        for i in range(10, 40):  # back to back, then the subscription leaves at once
+            await ps.publish("t", Event("e", i))
+        await wait_for(lambda: _true(len(got.events) == 40))
+        await sub.close()
+        assert await nothing_pending()
+    assert got.data == list(range(40))
+
+
+async def test_acks_left_for_the_reader_are_sent_when_the_member_leaves(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    handled = anyio.Event()
+
+    async def handler(event: Event) -> None:
+        handled.set()
+
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix, block_ms=60_000) as ps:
+        sub = await ps.subscribe("t", handler, group="g")
+        await ps.publish("t", Event("e", 1))
+        await handled.wait()
+        await sub.close()  # before the reader, woken by the member, could send the XACK
+        pending: Any = await raw.xpending(ps.stream_key("t"), "g")
+        assert pending["pending"] == 0
+
+
 async def test_fanout_groups_are_destroyed_on_close(redis_url: str, key_prefix: str) -> None:
     async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as ps:
         sub = await ps.subscribe("t", Recorder())
@@ -427,6 +484,10 @@ async def test_malformed_entries_are_skipped_and_acked(
         await ps.subscribe("t", got, group="g")
         await raw.xadd(ps.stream_key("t"), {"event": "{not json"})
         await raw.xadd(ps.stream_key("t"), {"other": "field"})
+        for body in ('{"type":"e","id":"x","created_at":1,"data":NaN}',  # not JSON
+                     '{"type":"","id":"x","created_at":1}', '{"type":"e","id":7,"created_at":1}',
+                     '["e"]', b"\xff"):
+            await raw.xadd(ps.stream_key("t"), {"event": body})
         await ps.publish("t", Event("e", "fine"))
         await wait_for(lambda: _true(got.data == ["fine"]))
 

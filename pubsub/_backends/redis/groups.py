@@ -196,6 +196,7 @@ class GroupTable:
         if sub not in slot.members:
             return
         slot.members.remove(sub)
+        await slot.flush_acks()  # what the reader was to acknowledge with its next read
         if slot.fanout:  # what this member will not handle no longer holds up the ack
             to_ack = [
                 entry_id

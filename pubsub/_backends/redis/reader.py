@@ -3,7 +3,10 @@
 A *lane* is one dedicated reader connection and the loop that serves the slots routed to it.
 Each pass it issues one ``XREADGROUP`` per *read unit*, with the block time shared between
 the units, skips slots whose local backlog is long (no hoarding), hands each entry to its
-slot, and acknowledges what needs no handler. A new subscription ends a blocked read at once
+slot, and acknowledges what needs no handler. The XACKs of entries handled while the reader
+skipped their slot go in one pipeline with the next XREADGROUP of that slot (the member that
+drains the slot wakes the reader): a group consumer's acknowledgement costs no round trip of
+its own. A new subscription ends a blocked read at once
 (``CLIENT UNBLOCK``). ``NOGROUP`` and ``UNBLOCKED`` replies make the live slots' groups be
 recreated (see :mod:`._redis_groups`).
 
@@ -150,9 +153,7 @@ class _Lane:
             self.reads += 1
             self.blocked = True
             try:
-                reply: Any = await self.client.xreadgroup(
-                    group, slots[0].consumer, streams, count=READ_COUNT, block=block
-                )
+                reply: Any = await self._xreadgroup(slots, group, streams, block)
             except (redis.exceptions.MovedError, redis.exceptions.AskError) as exc:
                 # The slot is served elsewhere now (failover, resharding): nothing was read.
                 raise BackendUnavailableError(f"stream moved to another node: {exc}") from exc
@@ -177,6 +178,33 @@ class _Lane:
                     if fields and slot.dispatch(text(entry_id), fields, 1)
                 ]
                 await slot.ack(to_ack)
+
+
+    async def _xreadgroup(self, slots: list[Slot], group: str, streams: Any, block: int) -> Any:
+        """XREADGROUP, behind the XACKs its slots' members left for it in one pipeline."""
+        acks = [(slot, slot.take_acks()) for slot in slots if slot.acks]
+        if not acks:
+            return await self.client.xreadgroup(
+                group, slots[0].consumer, streams, count=READ_COUNT, block=block
+            )
+        pipe = self.client.pipeline(transaction=False)
+        for slot, ids in acks:
+            pipe.xack(slot.stream, slot.group, *ids)
+        pipe.xreadgroup(group, slots[0].consumer, streams, count=READ_COUNT, block=block)
+        try:
+            results = await pipe.execute(raise_on_error=False)
+        except BaseException:
+            for slot, ids in acks:  # not sent, or not known to be: send them again
+                slot.acks[:0] = ids
+            raise
+        for (slot, ids), result in zip(acks, results, strict=False):
+            slot.acks_sent(ids)
+            if isinstance(result, Exception):
+                self.reader.ctx.log.warning("pubsub.ack_failed", topic=slot.topic,
+                                            entry_ids=ids, error=repr(result))
+        if isinstance(results[-1], Exception):
+            raise results[-1]
+        return results[-1]
 
 
 class StreamReader:

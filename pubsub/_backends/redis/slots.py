@@ -48,7 +48,8 @@ class Slot:
     members: list[RedisSubscription] = field(default_factory=list)
     queue: WakeQueue[Item] = field(default_factory=WakeQueue)  # competing members share it
     refs: dict[str, int] = field(default_factory=dict)  # fan-out: entry id -> handlers left
-    inflight: set[str] = field(default_factory=set)  # entry ids queued or being handled
+    inflight: set[str] = field(default_factory=set)  # entry ids queued, handled, or to ack
+    acks: list[str] = field(default_factory=list)  # handled: XACKed with the reader's next read
     last_id: str = "0-0"  # the group's position as far as this process knows (only grows)
     live: bool = True  # False once retired (its last member left): hand it nothing more
     throttled: bool = False  # skipped by the reader: enough is queued here
@@ -131,6 +132,28 @@ class Slot:
         self.inflight.discard(entry_id)
         return True
 
+    def ack_later(self, entry_id: str) -> None:
+        """Acknowledge the handled ``entry_id`` with the reader's next read of this slot (one
+        pipeline, no round trip of its own). Only while the reader skips the slot: the member
+        that drains it wakes the reader. It stays in :attr:`inflight` until sent, so the
+        upkeep neither reclaims it nor lets it look idle."""
+        self.inflight.add(entry_id)
+        self.acks.append(entry_id)
+
+    def take_acks(self) -> list[str]:
+        """The acknowledgements waiting for the reader (now the caller's to send)."""
+        ids, self.acks = self.acks, []
+        return ids
+
+    def acks_sent(self, entry_ids: list[str]) -> None:
+        self.inflight.difference_update(entry_ids)
+
+    async def flush_acks(self) -> None:
+        """Send the waiting acknowledgements now (a member leaves)."""
+        ids = self.take_acks()
+        await self.ack(ids)
+        self.acks_sent(ids)
+
     async def ack(self, entry_ids: list[str]) -> None:
         """XACK ``entry_ids``; on failure they stay pending and come again (at least once)."""
         if not entry_ids:
@@ -211,7 +234,10 @@ class RedisSubscription(LoopSubscription):
             on_retry=note_retry,
         )
         if entry_id is not None and slot.release(entry_id):
-            await slot.ack([entry_id])
+            if slot.throttled:  # the reader reads this slot again once it drains: ack then
+                slot.ack_later(entry_id)
+            else:
+                await slot.ack([entry_id])
         if slot.throttled and slot.wants_read():
             slot.throttled = False
             await self._wake_reader()
