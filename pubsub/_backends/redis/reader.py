@@ -198,10 +198,9 @@ class _Lane:
                 slot.acks[:0] = ids
             raise
         for (slot, ids), result in zip(acks, results, strict=False):
+            if isinstance(result, Exception):  # e.g. MOVED: the main client follows it
+                await slot.ack(ids)  # (and logs pubsub.ack_failed if that fails too)
             slot.acks_sent(ids)
-            if isinstance(result, Exception):
-                self.reader.ctx.log.warning("pubsub.ack_failed", topic=slot.topic,
-                                            entry_ids=ids, error=repr(result))
         if isinstance(results[-1], Exception):
             raise results[-1]
         return results[-1]
