@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import pubsub
-from pubsub import InMemoryPubSub, PubSub, SQLitePubSub
-from pubsub.testing import PubSubConformance
+from pubsub import Event, InMemoryPubSub, PubSub, SQLitePubSub
+from pubsub.testing import PubSubConformance, Recorder
 
 pytestmark = pytest.mark.anyio
 
@@ -66,3 +67,34 @@ class TestSQLitePubSub(PubSubConformance):
         async with SQLitePubSub(tmp_path / "pubsub.db", poll_ms=200,
                                 max_delivery_attempts=self.max_delivery_attempts) as backend:
             yield backend
+
+
+async def test_a_claim_that_lands_after_its_subscription_closed_is_released(
+    tmp_path: Path,
+) -> None:
+    """The reader's claim for a group subscription runs in a worker thread; when the
+    subscription closes meanwhile, what the claim took goes back to the group at once (another
+    member gets it now, not after ``visibility_ms``)."""
+    async with SQLitePubSub(tmp_path / "pubsub.db", poll_ms=60_000,
+                            visibility_ms=60_000) as ps:
+        sub = await ps.subscribe("t", Recorder(), group="g")
+        database: Any = ps.database
+        run, claiming, go_on = database.run, anyio.Event(), anyio.Event()
+
+        async def held_claims(fn: Any, **options: Any) -> Any:
+            if str(options.get("what", "")).startswith("claim on") and not go_on.is_set():
+                claiming.set()
+                await go_on.wait()  # the claim runs only after the subscription closed
+            return await run(fn, **options)
+
+        database.run = held_claims
+        await ps.publish("t", Event("e", "x"))
+        with anyio.fail_after(5):
+            await claiming.wait()
+        await sub.close()
+        go_on.set()
+        again = Recorder()
+        await ps.subscribe("t", again, group="g")
+        with anyio.fail_after(5):  # far below visibility_ms
+            while again.data != ["x"]:  # noqa: ASYNC110 (a list the handler fills)
+                await anyio.sleep(0.01)

@@ -301,6 +301,12 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
             items = await self.database.run(
                 lambda tx: ps.claim(tx, sub.topic, group, self.consumer, room,
                                     self.visibility_ms), what=f"claim on {sub.topic!r}")
+            if sub.loop.closing and items:
+                # Closed while the claim ran (its cleanup may have released its claims
+                # already): free these for the other members now, not after visibility_ms.
+                self._released.append((sub.topic, group, {i for i, _, _ in items}))
+                self._wake_event.set()
+                return
             sub.claimed.update(i for i, _, _ in items)
         sub.full = len(items) >= room
         for event_id, body, attempt in items:
