@@ -323,6 +323,34 @@ async def test_a_handled_event_is_acked_with_the_next_read(
     assert got.data == list(range(40))
 
 
+async def test_a_slow_handler_does_not_hold_up_the_acks_before_it(
+    redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
+) -> None:
+    """Entries read in one batch: each one handled before a slow one is acknowledged at once,
+    not left for the reader's next read (which waits for the slow one)."""
+    seen, release = [], anyio.Event()
+
+    async def handler(event: Event) -> None:
+        seen.append(event.data)
+        if event.data == "slow":
+            await release.wait()
+
+    async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as ps:
+        for data in ("a", "b", "slow", "c"):
+            await ps.publish("t", Event("e", data))
+        await ps.subscribe("t", handler, group="g", start_from="earliest")  # one read: all 4
+        await wait_for(lambda: _true("slow" in seen))
+
+        async def a_and_b_acked() -> bool:  # "slow" is being handled, "c" waits behind it
+            pending: Any = await raw.xpending(ps.stream_key("t"), "g")
+            return bool(pending["pending"] == 2)
+
+        with anyio.fail_after(5):
+            await wait_for(a_and_b_acked)
+        release.set()
+        await wait_for(lambda: _true(seen == ["a", "b", "slow", "c"]))
+
+
 async def test_acks_left_for_the_reader_are_sent_when_the_member_leaves(
     redis_url: str, key_prefix: str, raw: redis.asyncio.Redis
 ) -> None:

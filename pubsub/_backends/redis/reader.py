@@ -3,10 +3,10 @@
 A *lane* is one dedicated reader connection and the loop that serves the slots routed to it.
 Each pass it issues one ``XREADGROUP`` per *read unit*, with the block time shared between
 the units, skips slots whose local backlog is long (no hoarding), hands each entry to its
-slot, and acknowledges what needs no handler. The XACKs of entries handled while the reader
-skipped their slot go in one pipeline with the next XREADGROUP of that slot (the member that
-drains the slot wakes the reader): a group consumer's acknowledgement costs no round trip of
-its own. A new subscription ends a blocked read at once
+slot, and acknowledges what needs no handler. The XACK of the entry whose handling drains a
+slot the reader skipped goes in one pipeline with the next XREADGROUP of that slot (its
+member wakes the reader): with one event at a time, a group consumer's acknowledgement costs
+no round trip of its own. A new subscription ends a blocked read at once
 (``CLIENT UNBLOCK``). ``NOGROUP`` and ``UNBLOCKED`` replies make the live slots' groups be
 recreated (see :mod:`._redis_groups`).
 
@@ -178,7 +178,6 @@ class _Lane:
                     if fields and slot.dispatch(text(entry_id), fields, 1)
                 ]
                 await slot.ack(to_ack)
-
 
     async def _xreadgroup(self, slots: list[Slot], group: str, streams: Any, block: int) -> Any:
         """XREADGROUP, behind the XACKs its slots' members left for it in one pipeline."""

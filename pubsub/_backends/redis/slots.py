@@ -134,9 +134,10 @@ class Slot:
 
     def ack_later(self, entry_id: str) -> None:
         """Acknowledge the handled ``entry_id`` with the reader's next read of this slot (one
-        pipeline, no round trip of its own). Only while the reader skips the slot: the member
-        that drains it wakes the reader. It stays in :attr:`inflight` until sent, so the
-        upkeep neither reclaims it nor lets it look idle."""
+        pipeline, no round trip of its own). Only for the entry whose handling drained a slot
+        the reader skipped: its member wakes the reader at once (a slow handler never holds
+        up the XACK of what was handled before it). It stays in :attr:`inflight` until sent,
+        so the upkeep neither reclaims it nor lets it look idle."""
         self.inflight.add(entry_id)
         self.acks.append(entry_id)
 
@@ -234,7 +235,7 @@ class RedisSubscription(LoopSubscription):
             on_retry=note_retry,
         )
         if entry_id is not None and slot.release(entry_id):
-            if slot.throttled:  # the reader reads this slot again once it drains: ack then
+            if slot.throttled and slot.wants_read():  # the reader is woken just below
                 slot.ack_later(entry_id)
             else:
                 await slot.ack([entry_id])
