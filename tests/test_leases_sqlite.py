@@ -420,3 +420,48 @@ def test_many_processes_race_for_one_key_one_winner(tmp_path: Path) -> None:
     assert all(r["reported_owner"] == winner for r in results)
     assert [r["token"] for r in results if r["acquired"]] == [1]
     assert {r["owner"] for r in results} == {f"p{i}" for i in range(contenders)}
+
+
+_PEEK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+print(conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0])
+conn.close()  # the last connection on the file, if nobody else holds a lock on it
+"""
+
+
+def _peek(path: Path) -> int:
+    """What a new process reads of ``notes``, opening and closing the file (its close
+    checkpoints and deletes the WAL when it finds no other process holding the file)."""
+    found = subprocess.run([sys.executable, "-c", _PEEK, str(path)], capture_output=True,
+                           text=True, check=True, timeout=30)
+    return int(found.stdout)
+
+
+async def test_opening_more_connections_keeps_the_file_locked_for_other_processes(
+    tmp_path: Path,
+) -> None:
+    """Each new connection of the pool once read the file's header with ``open()``; its
+    ``close()`` dropped every POSIX lock this process held on the file (SQLite's own locks
+    included). Another process closing its last connection then took the file for its own,
+    checkpointed and deleted the WAL and its index under this process's connections: later
+    writes went to a deleted WAL that new processes never saw, and the file could end up
+    malformed (the rare failure of test_owners_killed_twice_lose_nothing[sqlite])."""
+    path = tmp_path / "shared.db"
+    db = SQLiteDatabase(path)
+    try:
+        await db.run(lambda tx: tx.execute("CREATE TABLE notes (n INTEGER)"))
+        # A second connection opened while the first one is open (and in a transaction).
+        await db.run(lambda tx: db.run_sync(lambda inner: inner.execute(
+            "INSERT INTO notes (n) VALUES (1)")), write=False)
+        assert db.connections == 2
+        assert await anyio.to_thread.run_sync(_peek, path) == 1
+        await db.run(lambda tx: tx.execute("INSERT INTO notes (n) VALUES (2)"))
+        assert await anyio.to_thread.run_sync(_peek, path) == 2  # not lost in a deleted WAL
+        assert (tmp_path / "shared.db-wal").exists()  # the WAL is still where it was
+    finally:
+        await db.aclose()
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert check.execute("SELECT COUNT(*) FROM notes").fetchone() == (2,)
+    check.close()

@@ -28,8 +28,6 @@ from _signal_leases.sql import Database
 
 __all__ = ["SQLiteDatabase", "boot_id"]
 
-_HEADER = b"SQLite format 3\x00"
-
 
 def boot_id() -> str:
     """This boot of the host: Linux's boot id, else the boot's wall time to the minute."""
@@ -59,21 +57,24 @@ class SQLiteDatabase(Database):
         return repr(self.path)
 
     def check_path(self) -> None:
-        """Raise :class:`BackendPermanentError` naming the path when it cannot be a database."""
+        """Raise :class:`BackendPermanentError` naming the path when no database can be there
+        (a missing directory, no access); never opens the file (see below)."""
         folder = os.path.dirname(self.path)
         if not os.path.isdir(folder):
             raise BackendPermanentError(
                 f"SQLite database {self.path!r}: the directory {folder!r} does not exist"
             )
+        # Never open the file here: closing any descriptor of it drops every POSIX lock this
+        # process holds on it, those of its SQLite connections too. Another process that
+        # closes its last connection then finds the file free, checkpoints and deletes the
+        # WAL under this process's connections, whose later commits go to a deleted file
+        # (lost, and a malformed database). A file that is not a database is named by the
+        # first connection instead (``map_error``).
         if os.path.exists(self.path):
             if not os.access(self.path, os.R_OK | os.W_OK):
                 raise BackendPermanentError(
                     f"SQLite database {self.path!r} is not readable and writable by this user"
                 )
-            with open(self.path, "rb") as f:
-                head = f.read(len(_HEADER))
-            if head and head != _HEADER[: len(head)]:
-                raise BackendPermanentError(f"{self.path!r} is not a SQLite database")
         elif not os.access(folder, os.W_OK):
             raise BackendPermanentError(
                 f"SQLite database {self.path!r}: cannot create it, the directory {folder!r} "
