@@ -1,9 +1,11 @@
 """SQL plumbing for every layer: a database reached through blocking DB-API connections.
 
 Every operation of a SQL backend is one short function over a :class:`Tx` (a transaction),
-run whole in a worker thread (:func:`anyio.to_thread.run_sync`) on a connection of a small
-pool: the event loop never blocks, a transaction never spans an ``await``, and the same code
-runs on asyncio and trio. A worker-thread call is not abandoned when its caller is cancelled:
+run whole in a worker thread (on asyncio one of at most ``max_connections`` threads of the
+database's own, on trio :func:`anyio.to_thread.run_sync`; see
+:class:`~_signal_leases.aio.WorkerThreads`) on a connection of a small pool: the event loop
+never blocks, a transaction never spans an ``await``, and the same code runs on asyncio and
+trio. A worker-thread call is not abandoned when its caller is cancelled:
 a transaction that started always commits or rolls back whole.
 
 The backends (:mod:`_signal_leases.sql.sqlite`, :mod:`_signal_leases.sql.postgres`) give the
@@ -25,8 +27,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import anyio
-import anyio.to_thread
 
+from _signal_leases.aio import WorkerThreads
 from _signal_leases.errors import BackendError, BackendPermanentError, ClosedError
 
 __all__ = ["Batch", "Database", "Tx"]
@@ -188,13 +190,13 @@ class Database(ABC):
 
     def __init__(self, *, max_connections: int) -> None:
         self.max_connections = max_connections
-        self._limiter = anyio.CapacityLimiter(max_connections)
         self._idle: list[Any] = []
         self._open = 0
         self._lock = threading.Lock()
         self._schemas: dict[str, int] = {}
         self._schema_lock = anyio.Lock()
         self._closed = False
+        self._workers = WorkerThreads(max_connections, name="signal-leases sql")
 
     @property
     @abstractmethod
@@ -248,8 +250,7 @@ class Database(ABC):
         """``fn(tx)`` in one transaction, in a worker thread (see the class docstring)."""
         if self._closed:
             raise ClosedError(f"the database {self.name} is closed")
-        async with self._limiter:
-            return await anyio.to_thread.run_sync(self._call, fn, write, what)
+        return await self._workers.run(self._call, fn, write, what)
 
     def run_sync(self, fn: Callable[[Tx], T], *, write: bool = True, what: str = "a call") -> T:
         """The same as :meth:`run`, from a worker thread the caller already runs in."""
@@ -325,6 +326,7 @@ class Database(ABC):
     async def aclose(self) -> None:
         """Close every connection (idempotent); later calls raise :class:`ClosedError`."""
         self._closed = True
+        self._workers.close()
         with self._lock:
             idle, self._idle = self._idle, []
             self._open -= len(idle)

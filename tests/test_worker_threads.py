@@ -1,0 +1,191 @@
+"""``WorkerThreads``: the SQL databases' own threads (``_signal_leases.aio``). A call's result
+and exception come back; a cancelled caller waits for its call; at most ``limit`` threads
+run; threads exit when idle and at ``close``; context variables reach the thread."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from _signal_leases.aio import WorkerThreads
+from _signal_leases.sql import Tx
+from _signal_leases.sql.sqlite import SQLiteDatabase
+
+pytestmark = pytest.mark.anyio
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("worker_threads_test", default="")
+
+
+def _named(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(5):
+        while not condition():  # noqa: ASYNC110 - threads change it
+            await anyio.sleep(0.01)
+
+
+async def test_results_exceptions_and_context() -> None:
+    workers = WorkerThreads(2, name="wt-results")
+    assert await workers.run(lambda a, b: a + b, 2, 3) == 5
+    with pytest.raises(ZeroDivisionError):
+        await workers.run(lambda: 1 / 0)
+    token = _VAR.set("caller's")
+    try:
+        assert await workers.run(_VAR.get) == "caller's"
+    finally:
+        _VAR.reset(token)
+    workers.close()
+
+
+async def test_a_cancelled_caller_waits_for_its_call() -> None:
+    workers = WorkerThreads(1, name="wt-cancel")
+    done = threading.Event()
+    returned: list[str] = []
+
+    def slow() -> str:
+        time.sleep(0.2)
+        done.set()
+        return "finished"
+
+    with anyio.move_on_after(0.05) as scope:
+        returned.append(await workers.run(slow))  # shielded: cancelled only after it returns
+        await anyio.lowlevel.checkpoint()
+        raise AssertionError("the cancellation was lost")  # pragma: no cover
+    assert scope.cancelled_caught
+    assert done.is_set()
+    assert returned == ["finished"]
+    workers.close()
+
+
+async def test_at_most_limit_threads_and_they_exit_at_close(anyio_backend: str) -> None:
+    name = "wt-limit"
+    workers = WorkerThreads(3, name=name)
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def busy() -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(30):
+            tg.start_soon(workers.run, busy)
+    if anyio_backend == "asyncio":  # trio: anyio's worker threads
+        assert most == 3
+        assert len(_named(name)) == 3 == workers.threads
+    workers.close()
+    await _until(lambda: not _named(name))
+    assert workers.threads == 0
+    assert await workers.run(lambda: 7) == 7  # a call after close starts a thread again
+    workers.close()
+    await _until(lambda: not _named(name))
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_idle_threads_exit_and_later_calls_start_new_ones() -> None:
+    name = "wt-idle"
+    workers = WorkerThreads(2, name=name, idle_s=0.05)
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(workers.run, time.sleep, 0.02)
+    assert workers.threads == 2
+    await _until(lambda: not _named(name))
+    assert workers.threads == 0
+    for _ in range(3):  # one at a time: one thread serves them all
+        assert await workers.run(lambda: threading.current_thread().name) == name
+    assert workers.threads == 1
+    workers.close()
+    await _until(lambda: not _named(name))
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_stop_never_strands_a_queued_call() -> None:
+    """``close`` while the one thread is busy and a call waits behind it, then a call after
+    ``close``: every call finishes."""
+    workers = WorkerThreads(1, name="wt-strand")
+    results: list[int] = []
+
+    def slow(n: int) -> int:
+        time.sleep(0.05)
+        return n
+
+    async def call(n: int) -> None:
+        results.append(await workers.run(slow, n))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, 1)
+        await anyio.sleep(0.01)
+        tg.start_soon(call, 2)  # queued behind call 1
+        await anyio.sleep(0.01)
+        workers.close()
+        tg.start_soon(call, 3)  # after the stop: a new thread
+        with anyio.fail_after(5):
+            while len(results) < 3:  # noqa: ASYNC110 - other tasks append
+                await anyio.sleep(0.01)
+    assert sorted(results) == [1, 2, 3]
+    workers.close()
+
+
+async def test_at_most_limit_calls_and_a_cancelled_waiter_never_runs() -> None:
+    """One thread: a second call waits for the first; cancelled while it waits, it leaves at
+    once and its function is never called; a third call still runs after the first."""
+    workers = WorkerThreads(1, name="wt-wait")
+    release = threading.Event()
+    ran: list[str] = []
+
+    def first() -> None:
+        release.wait(5)
+        ran.append("first")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(workers.run, first)
+        await anyio.sleep(0.05)
+        with anyio.move_on_after(0.05) as scope:
+            await workers.run(ran.append, "cancelled")
+        assert scope.cancelled_caught
+        tg.start_soon(workers.run, ran.append, "third")
+        await anyio.sleep(0.05)
+        assert ran == []  # the third waits for the first
+        release.set()
+    assert ran == ["first", "third"]
+    workers.close()
+
+
+async def test_a_database_calls_on_at_most_max_connections_threads(
+        tmp_path: Path, anyio_backend: str) -> None:
+    """A SQL database's calls run on at most ``max_connections`` threads (its own on
+    asyncio), which exit when it closes."""
+    db = SQLiteDatabase(tmp_path / "threads.db", max_connections=2)
+    threads: set[threading.Thread] = set()
+
+    def call(tx: Tx) -> None:
+        threads.add(threading.current_thread())
+        tx.value("SELECT 1")
+        time.sleep(0.005)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(partial(db.run, call, write=False))
+    assert db.connections <= 2
+    if anyio_backend == "asyncio":
+        assert len(threads) <= 2
+        assert {t.name for t in threads} == {"signal-leases sql"}
+    await db.aclose()
+    if anyio_backend == "asyncio":
+        await _until(lambda: not any(t.is_alive() for t in threads))
