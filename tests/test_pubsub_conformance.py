@@ -98,3 +98,28 @@ async def test_a_claim_that_lands_after_its_subscription_closed_is_released(
         with anyio.fail_after(5):  # far below visibility_ms
             while again.data != ["x"]:  # noqa: ASYNC110 (a list the handler fills)
                 await anyio.sleep(0.01)
+
+
+async def test_a_commit_wakes_the_reader_only_for_topics_read_here(tmp_path: Path) -> None:
+    """A SQL pub/sub's commit that published on a topic nobody in this process reads (a
+    sender's notice to another process's runtime) does not wake this process's reader: once
+    per routed signal on every sender, before."""
+    async with SQLitePubSub(tmp_path / "pubsub.db", poll_ms=60_000) as ps:
+        wakes: list[str | None] = []
+        wake = ps._wake
+
+        def counted(topic: str | None) -> None:
+            wakes.append(topic)
+            wake(topic)
+
+        ps._wake = counted  # type: ignore[method-assign]
+        await ps.announce(["read.elsewhere"])
+        assert wakes == []
+        got = Recorder()
+        await ps.subscribe("read.here", got)
+        await ps.publish("read.here", Event("e", "x"))
+        await ps.announce(["read.here", "read.elsewhere"])
+        assert "read.elsewhere" not in wakes and "read.here" in wakes
+        with anyio.fail_after(5):
+            while got.data != ["x"]:  # noqa: ASYNC110 (a list the handler fills)
+                await anyio.sleep(0.01)

@@ -189,7 +189,8 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
         """Wake the readers of ``topics`` after a commit that published on them."""
         if topics:
             for topic in topics:
-                self._wake(topic)
+                if topic in self._topics:  # none read here: nothing to wake (a subscription
+                    self._wake(topic)      # made later looks when it starts)
             if self._ring_in is None:
                 await self._doorbell.ring(set(topics))
 
