@@ -30,6 +30,7 @@ __all__ = [
     "owned_task_group",
     "require_asyncio",
     "retry_unavailable",
+    "running_asyncio_loop",
     "unix_now",
 ]
 
@@ -76,6 +77,11 @@ def unix_now() -> float:
         base = time.time() - anyio.current_time()
         _UNIX_BASE.set(base)
     return base + anyio.current_time()
+
+
+def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop, or ``None`` (outside a loop, or under trio)."""
+    return _get_running_loop()
 
 
 def current_async_library() -> str | None:

@@ -315,3 +315,47 @@ async def test_a_notification_wakes_only_processes_that_read_its_topic(
         assert "x" not in woken, woken
         await sub_a.close()
         await sub_b.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_notices_reach_the_loop_through_one_registration(
+        anyio_backend: str, postgres_dsn: str, pg_schema: str) -> None:
+    """On asyncio the listener's socket is registered with the event loop once for the
+    process's life, not once per notice (two epoll calls and a task's wake-up each, before)."""
+    import asyncio
+
+    import anyio
+
+    from pubsub import Event
+
+    loop = asyncio.get_running_loop()
+    registered: list[int] = []
+    add_reader = loop.add_reader
+
+    def counted(fd: Any, callback: Any, *args: Any) -> None:
+        registered.append(fd)
+        add_reader(fd, callback, *args)
+
+    got: list[object] = []
+    done = anyio.Event()
+
+    async def handler(event: Event) -> None:
+        got.append(event.data)
+        if len(got) == 20:
+            done.set()
+
+    loop.add_reader = counted  # type: ignore[method-assign,assignment]
+    try:
+        async with PostgresPubSub(postgres_dsn, schema=pg_schema) as a, \
+                PostgresPubSub(postgres_dsn, schema=pg_schema) as b:
+            await b.subscribe("t", handler)
+            await anyio.sleep(0.2)
+            for i in range(20):
+                await a.publish("t", Event("e", i))
+                await anyio.sleep(0.01)  # one notice each, not one batch
+            with anyio.fail_after(10):
+                await done.wait()
+    finally:
+        del loop.add_reader
+    assert sorted(got) == list(range(20))  # type: ignore[type-var]
+    assert len(registered) <= 2, registered  # one listener socket per pub/sub

@@ -17,6 +17,7 @@ lost. Point ``dsn`` at Postgres itself or at a session-pooling proxy.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -28,7 +29,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from _signal_leases.aio import owned_task_group
+from _signal_leases.aio import owned_task_group, running_asyncio_loop
 from _signal_leases.logs import get_logger
 from _signal_leases.sql import Tx
 from _signal_leases.sql.postgres import NOTIFY_MAX_BYTES, PostgresDatabase
@@ -62,6 +63,26 @@ class _Handover:
         sock = self.claim()
         if sock is not None:
             sock.close()
+
+
+class _Topics:
+    """The topics the listener writes to its socket (each ended by a NUL), woken in turn."""
+
+    def __init__(self, sock: socket.socket, wake: Callable[[str | None], None]) -> None:
+        self._sock, self._wake, self._pending = sock, wake, b""
+
+    def read(self) -> bool:
+        """Wake the topics that arrived; ``False`` when the listener is gone."""
+        try:
+            data = self._sock.recv(65536)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        *topics, self._pending = (self._pending + data).split(b"\0")
+        for topic in topics:
+            self._wake(topic.decode() or None)
+        return True
 
 
 class _NotifyDoorbell:
@@ -109,18 +130,35 @@ class _NotifyDoorbell:
 
     @staticmethod
     async def _wake_on_topics(ours: socket.socket, wake: Callable[[str | None], None]) -> None:
-        pending = b""
-        while True:
-            await anyio.wait_readable(ours)
+        topics = _Topics(ours, wake)
+        loop = running_asyncio_loop()
+        if loop is None:  # trio
+            while True:
+                await anyio.wait_readable(ours)
+                if not topics.read():
+                    return  # the listener is gone
+        # asyncio: one reader for the socket's life, not an epoll registration per wake-up
+        fd = ours.fileno()
+        gone: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
             try:
-                data = ours.recv(65536)
-            except BlockingIOError:
-                continue
-            if not data:
-                return  # the listener is gone
-            *topics, pending = (pending + data).split(b"\0")
-            for topic in topics:
-                wake(topic.decode() or None)
+                alive = topics.read()
+            except Exception as exc:  # raised in this task, as trio's loop does
+                loop.remove_reader(fd)
+                if not gone.done():
+                    gone.set_exception(exc)
+                return
+            if not alive:
+                loop.remove_reader(fd)
+                if not gone.done():
+                    gone.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await gone
+        finally:
+            loop.remove_reader(fd)
 
     def _listen(self, handed: _Handover, stop: threading.Event) -> None:
         """Keep one LISTEN connection until ``stop``; an empty topic means "look at every
