@@ -359,3 +359,35 @@ async def test_notices_reach_the_loop_through_one_registration(
         del loop.add_reader
     assert sorted(got) == list(range(20))  # type: ignore[type-var]
     assert len(registered) <= 2, registered  # one listener socket per pub/sub
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_notices_reach_a_loop_without_add_reader(anyio_backend: str) -> None:
+    """An asyncio loop without ``add_reader`` (Windows' proactor loop) gets the listener's
+    topics the way trio does (anyio's ``wait_readable``); the task ends with the listener."""
+    import asyncio
+    import socket
+
+    import anyio
+
+    from pubsub._backends.postgres import _NotifyDoorbell
+
+    loop = asyncio.get_running_loop()
+
+    def unsupported(*args: Any) -> None:
+        raise NotImplementedError
+
+    woken: list[str | None] = []
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    loop.add_reader = unsupported  # type: ignore[method-assign,assignment]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_NotifyDoorbell._wake_on_topics, ours, woken.append)
+            theirs.sendall(b"a\0\0b")
+            theirs.sendall("é\0".encode())
+            theirs.close()
+    finally:
+        del loop.add_reader
+        ours.close()
+    assert woken == ["a", None, "bé"]

@@ -1,12 +1,16 @@
-"""``WorkerThreads``: the SQL databases' own threads (``_signal_leases.aio``). A call's result
-and exception come back; a cancelled caller waits for its call; at most ``limit`` threads
-run; threads exit when idle and at ``close``; context variables reach the thread."""
+"""``WorkerThreads``: the SQL databases' own threads (``_signal_leases.sql.threads``). A
+call's result and exception come back; a cancelled caller waits for its call; at most
+``limit`` threads run; threads exit when idle and at ``close``; context variables reach the
+thread."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -15,9 +19,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from _signal_leases.aio import WorkerThreads
 from _signal_leases.sql import Tx
 from _signal_leases.sql.sqlite import SQLiteDatabase
+from _signal_leases.sql.threads import WorkerThreads
 
 pytestmark = pytest.mark.anyio
 
@@ -189,3 +193,70 @@ async def test_a_database_calls_on_at_most_max_connections_threads(
     await db.aclose()
     if anyio_backend == "asyncio":
         await _until(lambda: not any(t.is_alive() for t in threads))
+
+
+async def test_stop_iteration_reaches_the_caller_as_a_runtime_error() -> None:
+    """asyncio refuses ``StopIteration`` in a future (the caller would wait for ever, holding
+    its turn): it comes back as a ``RuntimeError``, as from anyio's threads."""
+    workers = WorkerThreads(1, name="wt-stop")
+    with anyio.fail_after(5), pytest.raises(RuntimeError):
+        await workers.run(next, iter(()))
+    assert await workers.run(lambda: "next") == "next"  # the turn came back
+    workers.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_thread_that_cannot_start_is_not_counted(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    workers = WorkerThreads(1, name="wt-nostart")
+    start = threading.Thread.start
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="start new thread"):
+        await workers.run(int)
+    assert workers.threads == 0
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with anyio.fail_after(5):
+        assert await workers.run(int, "7") == 7  # a thread, not a queue nobody reads
+    workers.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_idle_thread_keeps_nothing_of_its_last_call() -> None:
+    class Result:
+        pass
+
+    workers = WorkerThreads(1, name="wt-keep")
+    result = weakref.ref(await workers.run(Result))
+    await anyio.sleep(0.05)
+    gc.collect()
+    assert result() is None
+    workers.close()
+
+
+def test_a_loop_closed_with_callers_waiting_does_not_hold_their_turns() -> None:
+    """A loop closed without cancelling its tasks (``run_until_complete`` then ``close``)
+    leaves callers that hold or wait for a turn; the next loop's calls still run."""
+    workers = WorkerThreads(1, name="wt-loops")
+    release = threading.Event()
+    loop = asyncio.new_event_loop()
+    try:
+        held = loop.create_task(workers.run(release.wait, 5))
+        waiting = loop.create_task(workers.run(int))
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert not held.done() and not waiting.done()
+        for task in (held, waiting):  # (left pending on purpose: no warning when collected)
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+    release.set()
+
+    async def later() -> int:
+        with anyio.fail_after(5):
+            return await workers.run(int, "3")
+
+    assert anyio.run(later) == 3
+    workers.close()

@@ -3,7 +3,7 @@
 Every operation of a SQL backend is one short function over a :class:`Tx` (a transaction),
 run whole in a worker thread (on asyncio one of at most ``max_connections`` threads of the
 database's own, on trio :func:`anyio.to_thread.run_sync`; see
-:class:`~_signal_leases.aio.WorkerThreads`) on a connection of a small pool: the event loop
+:class:`~_signal_leases.sql.threads.WorkerThreads`) on a connection of a small pool: the event loop
 never blocks, a transaction never spans an ``await``, and the same code runs on asyncio and
 trio. A worker-thread call is not abandoned when its caller is cancelled:
 a transaction that started always commits or rolls back whole.
@@ -28,8 +28,8 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from _signal_leases.aio import WorkerThreads
 from _signal_leases.errors import BackendError, BackendPermanentError, ClosedError
+from _signal_leases.sql.threads import WorkerThreads
 
 __all__ = ["Batch", "Database", "Tx"]
 

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from _signal_leases.aio import owned_task_group, running_asyncio_loop
+from _signal_leases.aio import fail_future, owned_task_group, running_asyncio_loop
 from _signal_leases.logs import get_logger
 from _signal_leases.sql import Tx
 from _signal_leases.sql.postgres import NOTIFY_MAX_BYTES, PostgresDatabase
@@ -132,33 +132,37 @@ class _NotifyDoorbell:
     async def _wake_on_topics(ours: socket.socket, wake: Callable[[str | None], None]) -> None:
         topics = _Topics(ours, wake)
         loop = running_asyncio_loop()
-        if loop is None:  # trio
-            while True:
-                await anyio.wait_readable(ours)
-                if not topics.read():
-                    return  # the listener is gone
-        # asyncio: one reader for the socket's life, not an epoll registration per wake-up
-        fd = ours.fileno()
-        gone: asyncio.Future[None] = loop.create_future()
+        if loop is not None:
+            # asyncio: one reader for the socket's life, not an epoll registration per wake-up
+            fd = ours.fileno()
+            gone: asyncio.Future[None] = loop.create_future()
 
-        def readable() -> None:
+            def readable() -> None:
+                try:
+                    alive = topics.read()
+                except BaseException as exc:  # raised in this task, as under trio
+                    loop.remove_reader(fd)
+                    fail_future(gone, exc)
+                    return
+                if not alive:
+                    loop.remove_reader(fd)
+                    if not gone.done():
+                        gone.set_result(None)
+
             try:
-                alive = topics.read()
-            except Exception as exc:  # raised in this task, as trio's loop does
-                loop.remove_reader(fd)
-                if not gone.done():
-                    gone.set_exception(exc)
+                loop.add_reader(fd, readable)
+            except NotImplementedError:  # (Windows' proactor loop) anyio's way, below
+                pass
+            else:
+                try:
+                    await gone
+                finally:
+                    loop.remove_reader(fd)
                 return
-            if not alive:
-                loop.remove_reader(fd)
-                if not gone.done():
-                    gone.set_result(None)
-
-        loop.add_reader(fd, readable)
-        try:
-            await gone
-        finally:
-            loop.remove_reader(fd)
+        while True:
+            await anyio.wait_readable(ours)
+            if not topics.read():
+                return  # the listener is gone
 
     def _listen(self, handed: _Handover, stop: threading.Event) -> None:
         """Keep one LISTEN connection until ``stop``; an empty topic means "look at every
