@@ -260,3 +260,82 @@ def test_a_loop_closed_with_callers_waiting_does_not_hold_their_turns() -> None:
 
     assert anyio.run(later) == 3
     workers.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_many_callers_cancelled_at_random_leave_the_gate_clean() -> None:
+    """600 callers on 2 threads, a third of them cancelled at random moments (waiting for a
+    turn, handed one, or while their call runs), by anyio or by asyncio's own
+    ``task.cancel()``: at most 2 calls are ever admitted at once, every call that started
+    finishes, and afterwards the gate is empty and the threads are idle."""
+    import random
+
+    workers = WorkerThreads(2, name="wt-stress", idle_s=0.05)
+    rng = random.Random(7)
+    lock = threading.Lock()
+    admitted = started = finished = 0
+
+    def call() -> None:
+        nonlocal admitted, started, finished
+        with lock:
+            admitted = max(admitted, workers._running)
+            started += 1
+        time.sleep(0.0005)
+        with lock:
+            finished += 1
+
+    async def scoped(cancel_after: float) -> None:
+        with anyio.move_on_after(cancel_after):
+            await workers.run(call)
+
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Future[None]] = []
+    for n in range(600):
+        draw = rng.random()
+        if draw < 0.15:
+            tasks.append(asyncio.ensure_future(scoped(rng.uniform(0, 0.05))))
+        else:
+            task = asyncio.ensure_future(workers.run(call))
+            if draw < 0.33:
+                loop.call_later(rng.uniform(0, 0.05), task.cancel)
+            tasks.append(task)
+        if n % 50 == 0:
+            await asyncio.sleep(0)
+    with anyio.fail_after(30):
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _until(lambda: started == finished)
+    assert admitted <= 2
+    assert workers._running == 0 and not workers._waiters
+    await _until(lambda: workers.threads == 0)
+    workers.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_turn_handed_to_a_caller_cancelled_before_it_resumes_passes_on() -> None:
+    """One thread: A runs, B and C wait. A's end hands its turn to B, and B is cancelled
+    (asyncio's ``task.cancel()``) before it resumes: the turn goes on to C."""
+    workers = WorkerThreads(1, name="wt-handover")
+    release = threading.Event()
+    a = asyncio.ensure_future(workers.run(release.wait, 5))
+    await asyncio.sleep(0.01)
+    b = asyncio.ensure_future(workers.run(int, "1"))
+    c = asyncio.ensure_future(workers.run(int, "2"))
+    await asyncio.sleep(0.01)
+    assert len(workers._waiters) == 2
+    handed = workers._pass_turn
+    once: list[bool] = []
+
+    def hand_then_cancel_b() -> None:
+        handed()
+        if not once:
+            once.append(True)
+            b.cancel()  # B's waiter is done already: B resumes into CancelledError
+
+    workers._pass_turn = hand_then_cancel_b  # type: ignore[method-assign]
+    release.set()
+    with anyio.fail_after(5):
+        assert await a is True
+        assert await c == 2
+    assert b.cancelled()
+    assert workers._running == 0 and not workers._waiters
+    workers.close()
