@@ -181,4 +181,3 @@ async def owned_task_group() -> AsyncIterator[TaskGroup]:
             tg.cancel_scope.cancel()
     if error is not None:
         raise error
-
