@@ -3,10 +3,10 @@
 Every operation of a SQL backend is one short function over a :class:`Tx` (a transaction),
 run whole in a worker thread (on asyncio one of at most ``max_connections`` threads of the
 database's own, on trio :func:`anyio.to_thread.run_sync`; see
-:class:`~_signal_leases.sql.threads.WorkerThreads`) on a connection of a small pool: the event loop
-never blocks, a transaction never spans an ``await``, and the same code runs on asyncio and
-trio. A worker-thread call is not abandoned when its caller is cancelled:
-a transaction that started always commits or rolls back whole.
+:class:`~_signal_leases.sql.threads.WorkerThreads`) on a connection of a small pool: the
+event loop never blocks, a transaction never spans an ``await``, and the same code runs on
+asyncio and trio. A worker-thread call is not abandoned when its caller is cancelled: a
+transaction that started always commits or rolls back whole.
 
 The backends (:mod:`_signal_leases.sql.sqlite`, :mod:`_signal_leases.sql.postgres`) give the
 connection, the dialect (placeholders, the database's clock) and the mapping of the driver's
