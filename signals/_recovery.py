@@ -85,6 +85,7 @@ class RecoveryMixin:
         recover_s = self.recover_interval_ms / 1000
         now = loop_time()
         next_presence, next_recover = now + presence_s, now + recover_s
+        backoff = 0.0  # after a failed pass: the wait before the next (the backend is down)
         while True:
             item: str | bool | None = False
             with anyio.move_on_at(min(next_presence, next_recover, self._timer_at())):
@@ -110,7 +111,14 @@ class RecoveryMixin:
                         next_recover = now + recover_s
                     await self.recover()
             except Exception as exc:
-                self._log.warning("signals.recovery_failed", error=repr(exc))
+                # (a due time or a lost thread stays to do: without the wait, the loop would
+                # spin on a backend that is down, a warning per pass)
+                backoff = min(max(backoff * 2, 0.05), 2.0)
+                self._log.warning("signals.recovery_failed", error=repr(exc),
+                                  retry_in_s=backoff)
+                await anyio.sleep(backoff)
+            else:
+                backoff = 0.0
 
     async def _check_aborts(self) -> None:
         chains = dict(self._chains)

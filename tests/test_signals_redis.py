@@ -250,3 +250,27 @@ async def test_wait_replicas_without_replicas_refuses_to_report_a_signal_accepte
             RedisSignalStore(url=redis_url, wait_replicas=-1)
     finally:
         await store.aclose()
+
+
+async def test_recovery_backs_off_while_redis_is_down(
+    private_redis_server: Any, key_prefix: str
+) -> None:
+    """A delayed signal comes due while Redis is stopped: the runtime's recovery fails each
+    time it looks, and waits longer each time (it spun, a warning per pass, before)."""
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            await run.ack(signal)
+
+    pubsub = RedisStreamsPubSub(url=private_redis_server.url, key_prefix=key_prefix,
+                                block_ms=100)
+    async with pubsub, SignalRuntime(pubsub=pubsub, agent=agent, lease_ttl_ms=5_000,
+                                     shutdown_timeout_ms=0) as runtime:
+        await runtime.send("t", Signal("later", not_before=time.time() + 0.3))
+        with capture_logs() as logs:
+            private_redis_server.stop()
+            await anyio.sleep(2.0)
+        private_redis_server.start()
+    failed = [entry for entry in logs if entry["event"] == "signals.recovery_failed"]
+    assert 1 <= len(failed) <= 8, len(failed)
+    assert all(entry["retry_in_s"] <= 2.0 for entry in failed)
