@@ -123,3 +123,26 @@ async def test_a_commit_wakes_the_reader_only_for_topics_read_here(tmp_path: Pat
         with anyio.fail_after(5):
             while got.data != ["x"]:  # noqa: ASYNC110 (a list the handler fills)
                 await anyio.sleep(0.01)
+
+
+async def test_a_process_that_only_publishes_does_not_listen(tmp_path: Path) -> None:
+    """A SQLite pub/sub registers for the doorbell at its first subscription, not before: a
+    sender's process is not woken by every other process's publish (each used to send it a
+    datagram); and it still rings the processes that listen."""
+    path = tmp_path / "pubsub.db"
+    async with SQLitePubSub(path, poll_ms=60_000) as reader, \
+            SQLitePubSub(path, poll_ms=60_000) as sender:
+        async def listeners() -> int:
+            return int(await sender.database.run(
+                lambda tx: tx.value("SELECT count(*) FROM ps_listeners"), write=False))
+
+        await sender.publish("t", Event("e", "before"))
+        assert await listeners() == 0
+        got = Recorder()
+        await reader.subscribe("t", got)
+        assert await listeners() == 1
+        await anyio.sleep(1.1)  # (a publisher reads the registered addresses once a second)
+        await sender.publish("t", Event("e", "x"))
+        with anyio.fail_after(5):  # far below poll_ms: the doorbell rang
+            while got.data != ["x"]:  # noqa: ASYNC110 (a list the handler fills)
+                await anyio.sleep(0.01)

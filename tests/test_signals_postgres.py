@@ -317,6 +317,42 @@ async def test_a_notification_wakes_only_processes_that_read_its_topic(
         await sub_b.close()
 
 
+async def test_a_process_that_only_publishes_does_not_listen(
+        postgres_dsn: str, pg_schema: str) -> None:
+    """A pub/sub LISTENs from its first subscription on: a sender's process holds no
+    listening connection, and its server session is not woken by every routed signal of
+    the schema (each one reached it, to be dropped by its listener thread, before)."""
+    import anyio
+
+    from pubsub import Event
+
+    channel = f"signal_leases.{pg_schema}"
+
+    async def listening(ps: PostgresPubSub) -> int:
+        return int(await ps.database.run(lambda tx: tx.value(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = ?", (f'LISTEN "{channel}"',)),
+            write=False))
+
+    got: list[object] = []
+    async with PostgresPubSub(postgres_dsn, schema=pg_schema) as reader, \
+            PostgresPubSub(postgres_dsn, schema=pg_schema) as sender:
+        await sender.publish("t", Event("e", "before"))
+        await anyio.sleep(0.3)
+        assert await listening(sender) == 0
+
+        async def handler(event: Event) -> None:
+            got.append(event.data)
+
+        await reader.subscribe("t", handler)
+        with anyio.fail_after(10):
+            while await listening(sender) != 1:
+                await anyio.sleep(0.05)
+        await sender.publish("t", Event("e", "x"))
+        with anyio.fail_after(10):
+            while got != ["x"]:  # noqa: ASYNC110 (a list the handler fills)
+                await anyio.sleep(0.01)
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_notices_reach_the_loop_through_one_registration(
         anyio_backend: str, postgres_dsn: str, pg_schema: str) -> None:

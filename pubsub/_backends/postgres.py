@@ -5,8 +5,10 @@ The parts are the backend kit's (``pubsub._backends.sql``, ``leases.SQLLeaseProv
 ``signals.kit.SQLCore``); what is Postgres's own is the database
 (``_signal_leases.sql.postgres``) and the doorbell: a publishing transaction sends ``NOTIFY``
 on one channel per schema with the topic (an id, never the event: ``NOTIFY`` payloads are
-limited to 8,000 bytes), delivered when it commits; each process ``LISTEN``s on one
-connection of its own, in a worker thread, and wakes its reader for that topic. After a
+limited to 8,000 bytes), delivered when it commits; each process that subscribes ``LISTEN``s
+on one connection of its own, in a worker thread, and wakes its reader for that topic (a
+process that only publishes, such as a sender, opens no listening connection and hears no
+notification). After a
 (re)connection the process looks at every topic (a notification sent while it was away is
 not lost: the events are rows). The reader also polls every ``poll_ms``.
 

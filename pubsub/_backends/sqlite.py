@@ -3,9 +3,10 @@ core, in one SQLite file shared by the processes of one host; no server.
 
 The parts are the backend kit's (``pubsub._backends.sql``, ``leases.SQLLeaseProvider``,
 ``signals.kit.SQLCore``); what is SQLite's own is the database (``_signal_leases.sql.sqlite``)
-and the doorbell: each process binds a Unix datagram socket in a directory next to the file's
-name (under the system's temporary directory) and registers its address in the file
-(``ps_listeners``); a publish sends one datagram with the topic to every registered process.
+and the doorbell: each process that subscribes binds a Unix datagram socket in a directory
+next to the file's name (under the system's temporary directory) and registers its address in
+the file (``ps_listeners``); a publish sends one datagram with the topic to every registered
+process (a process that only publishes registers nothing).
 A process that died leaves an address nobody answers: it is forgotten at the first failed
 send, and addresses not refreshed for a minute are ignored. Where Unix sockets are missing,
 only the reader's poll (``poll_ms``) wakes the other processes.
@@ -52,8 +53,11 @@ class _UnixDoorbell:
         self._out: socket.socket | None = None
 
     async def ring(self, topics: Collection[str]) -> None:
-        if self._out is None:
-            return
+        if not hasattr(socket, "AF_UNIX"):
+            return  # no doorbell here: the poll does the work
+        if self._out is None:  # (whether this process listens or not: see serve)
+            self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._out.setblocking(False)
         if time.monotonic() - self._peers_at > 1.0:
             self._peers_at = time.monotonic()
             self._peers = await self._db.run(lambda tx: ps.listeners(tx, _STALE_MS),
@@ -91,8 +95,6 @@ class _UnixDoorbell:
             yield  # no doorbell here: the poll does the work
             return
         os.makedirs(self._dir, mode=0o700, exist_ok=True)
-        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._out.setblocking(False)
         try:
             async with await anyio.create_unix_datagram_socket(local_path=self._path) as sock, \
                     owned_task_group() as tg:
@@ -115,13 +117,17 @@ class _UnixDoorbell:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
-            self._out.close()
-            self._out = None
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                 await self._db.run(lambda tx: tx.execute(
                     "DELETE FROM ps_listeners WHERE id = ?", (self._id,)), what="listener")
             with contextlib.suppress(OSError):
                 os.unlink(self._path)
+
+    def close(self) -> None:
+        """Close the socket :meth:`ring` sends from (the pub/sub is leaving)."""
+        out, self._out = self._out, None
+        if out is not None:
+            out.close()
 
 
 class SQLitePubSub(SQLPubSub):
@@ -148,7 +154,8 @@ class SQLitePubSub(SQLPubSub):
             raise TypeError(f"path must be a file path, got {path!r}")
         database = SQLiteDatabase(path, busy_timeout_ms=busy_timeout_ms,
                                   max_connections=max_connections)
-        super().__init__(database, SQLiteLeaseProvider(database=database), _UnixDoorbell(database),
+        self._bell = _UnixDoorbell(database)
+        super().__init__(database, SQLiteLeaseProvider(database=database), self._bell,
                          max_delivery_attempts=max_delivery_attempts, poll_ms=poll_ms,
                          retention_ms=retention_ms, visibility_ms=visibility_ms)
         self.path = database.path
@@ -162,4 +169,5 @@ class SQLitePubSub(SQLPubSub):
             async with super()._lifespan():
                 yield
         finally:
+            self._bell.close()
             await self.database.aclose()

@@ -62,7 +62,8 @@ class Doorbell(Protocol):
 
     def serve(self, wake: Callable[[str | None], None]) -> AbstractAsyncContextManager[None]:
         """While entered, call ``wake(topic)`` for each ring (``wake(None)``: look at every
-        topic, as after a reconnection)."""
+        topic, as after a reconnection). The pub/sub enters it at its first subscription, not
+        before: :meth:`ring` must work without it."""
         ...
 
 
@@ -112,6 +113,7 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
         self._wake_event = anyio.Event()
         self._released: list[tuple[str, str, set[int]]] = []  # closed group subs' claims
         self._ready = False
+        self._listening = False  # the doorbell is served (see _listen)
 
     def get_lease_provider(self) -> SQLLeaseProvider:
         """The lease provider in the same database."""
@@ -135,9 +137,19 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
     @asynccontextmanager
     async def _lifespan(self) -> AsyncIterator[None]:
         await self._schema()
-        async with self._doorbell.serve(self._wake), owned_task_group() as tg:
+        self._listening = False
+        async with owned_task_group() as tg:
             tg.start_soon(self._reader, name="sql pub/sub reader")
             yield
+
+    async def _listen(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                      ) -> None:
+        """Hear the doorbell until the pub/sub closes (from the first subscription on: a
+        process that only publishes, such as a sender, hears nothing and holds no listening
+        connection)."""
+        async with self._doorbell.serve(self._wake):
+            task_status.started()
+            await anyio.sleep_forever()
 
     def backend_lifespan(self) -> AbstractAsyncContextManager[None]:
         return self._lifespan()
@@ -207,6 +219,13 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
             cursor = 0
             await self.database.run(lambda tx: ps.join_group(tx, topic, group, earliest),
                                     what=f"join of group {group!r}")
+        if not self._listening:  # (once it listens, it looks at every topic: nothing missed)
+            self._listening = True
+            try:
+                await self.task_group.start(self._listen, name="sql pub/sub doorbell")
+            except BaseException:
+                self._listening = False
+                raise
         sub = _Sub(topic, group, handler, LoopSubscription(topic, group), cursor=cursor)
         self._subs.append(sub)
         self._topics[topic] = self._topics.get(topic, 0) + 1  # (then a look: see below)

@@ -139,7 +139,7 @@ class SQLCore:
     #: that picked the wrong index for a thread's receipts or entries costs O(receipts) per
     #: signal (measured: 1.5 to 4.1 ms per routed signal over 3,000 signals on one thread,
     #: 1.1 ms flat after an ANALYZE). Autovacuum gets there too, within a minute or so.
-    analyze_after: tuple[int, ...] = (1_000, 10_000)
+    analyze_after: tuple[int, ...] = (100, 1_000, 10_000)
 
     async def _analyze(self) -> None:
         try:
