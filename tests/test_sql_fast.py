@@ -204,8 +204,8 @@ def test_the_fast_paths_leave_the_rows_the_engine_leaves(
     used = {"settle": 0, "route": 0}
 
     def counting(name: str, fn: Any) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            done = fn(*args, **kwargs)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            done = await fn(*args, **kwargs)
             used[name] += bool(done)
             return done
         return wrapper

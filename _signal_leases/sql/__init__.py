@@ -252,6 +252,22 @@ class Database(ABC):
             raise ClosedError(f"the database {self.name} is closed")
         return await self._workers.run(self._call, fn, write, what)
 
+    async def run_statements(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
+                             write: bool = True, what: str = "a call"
+                             ) -> list[tuple[Any, ...]]:
+        """``statements`` (SQL with ``?`` placeholders, and their parameters) in one
+        transaction (``write``; for a read, one statement alone): the rows of the last one.
+        As :meth:`run` (a worker thread) unless the database has a shorter way: Postgres on
+        asyncio sends them as one message from the event loop's own thread."""
+        *writes, (last, params) = statements
+
+        def call(tx: Tx) -> list[tuple[Any, ...]]:
+            for sql, values in writes:
+                tx.write(sql, values)
+            return tx.last(last, params) if write else tx.all(last, params)
+
+        return await self.run(call, write=write, what=what)
+
     def run_sync(self, fn: Callable[[Tx], T], *, write: bool = True, what: str = "a call") -> T:
         """The same as :meth:`run`, from a worker thread the caller already runs in."""
         return self._call(fn, write, what)
@@ -298,10 +314,13 @@ class Database(ABC):
         mapped = self.map_error(exc, what)
         return mapped if mapped is not None else exc
 
-    def _take(self) -> Any:
+    def _take(self, connect: bool = True) -> Any:
+        """An idle connection, else a new one (``None`` instead when not ``connect``)."""
         with self._lock:
             if self._idle:
                 return self._idle.pop()
+            if not connect:
+                return None
             self._open += 1
         try:
             return self.connect()

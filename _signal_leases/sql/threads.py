@@ -10,7 +10,7 @@ import queue
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -90,6 +90,27 @@ class WorkerThreads:
             self._submit(_Job(loop, future, contextvars.copy_context(), fn, args))
             with anyio.CancelScope(shield=True):
                 result = await future
+        finally:
+            self._pass_turn()
+        return result
+
+    async def run_here(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """``await fn()`` on the event loop's own thread (asyncio only), counted as one of
+        the ``limit`` calls (it waits for a turn as :meth:`run` does) and, once started,
+        shielded from anyio's cancellation as a call in a thread is."""
+        loop = _running_loop()
+        if loop is None:
+            raise RuntimeError("run_here needs asyncio")
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._loop is None or self._loop() is not loop:
+            self._new_loop(loop)
+        if self._running < self._limit and not self._waiters:
+            self._running += 1
+        else:
+            await self._wait_for_turn(loop)
+        try:
+            with anyio.CancelScope(shield=True):
+                result = await fn()
         finally:
             self._pass_turn()
         return result

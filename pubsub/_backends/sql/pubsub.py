@@ -310,12 +310,12 @@ class SQLPubSub(PubSubBase, LeasedPubSub):
             sub.full = True
             return
         if sub.group is None:
-            rows = await self.database.run(
-                lambda tx: ps.events_after(tx, sub.topic, sub.cursor, room), write=False,
+            rows = await self.database.run_statements(
+                [(ps.EVENTS_AFTER, (sub.topic, sub.cursor, room))], write=False,
                 what=f"read of {sub.topic!r}")
-            items = [(i, body, 1) for i, body in rows]
+            items = [(int(i), body, 1) for i, body in rows]
             if rows:
-                sub.cursor = rows[-1][0]
+                sub.cursor = int(rows[-1][0])
         else:
             group = sub.group
             items = await self.database.run(

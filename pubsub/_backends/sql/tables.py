@@ -20,8 +20,8 @@ from _signal_leases.sql import Tx
 from _signal_leases.sql.postgres import NOW_MS
 
 __all__ = [
-    "COMPONENT", "TOPIC_LOCK", "VERSION", "ack", "claim", "ddl", "events_after", "extend",
-    "fail", "join_group", "latest_id", "prune", "publish",
+    "COMPONENT", "EVENTS_AFTER", "TOPIC_LOCK", "VERSION", "ack", "claim", "ddl", "events_after",
+    "extend", "fail", "join_group", "latest_id", "prune", "publish",
 ]
 
 COMPONENT, VERSION = "pubsub", 1
@@ -70,10 +70,12 @@ def latest_id(tx: Tx) -> int:
     return int(tx.value("SELECT COALESCE(MAX(id), 0) FROM ps_events"))
 
 
+#: The events of a topic after an id, oldest first (parameters: topic, id, limit).
+EVENTS_AFTER = "SELECT id, body FROM ps_events WHERE topic = ? AND id > ? ORDER BY id LIMIT ?"
+
+
 def events_after(tx: Tx, topic: str, after: int, limit: int) -> list[tuple[int, str]]:
-    return [(int(i), b) for i, b in tx.all(
-        "SELECT id, body FROM ps_events WHERE topic = ? AND id > ? ORDER BY id LIMIT ?",
-        (topic, after, limit))]
+    return [(int(i), b) for i, b in tx.all(EVENTS_AFTER, (topic, after, limit))]
 
 
 def join_group(tx: Tx, topic: str, name: str, earliest: bool) -> None:

@@ -46,7 +46,7 @@ from signals.kit._core import (
 )
 from signals.kit._derived import TOPIC_PREFIX, PubSubNotices
 from signals.kit._engine import Engine, Outbox
-from signals.kit._sql.fast import notice_pieces, route_one, settle_one
+from signals.kit._sql.fast import Statements, notice_pieces, route_one, settle_one
 
 if TYPE_CHECKING:
     from leases import LeaseProvider
@@ -108,14 +108,31 @@ class SQLCore:
     #: False: the engine does every call (the tests compare the two).
     fast_paths = True
 
-    async def _call(self, fn: Callable[[SQLTables], T], *, fused: bool = False,
-                    write: bool = True, what: str = "a signal call") -> T:
+    async def _schema(self) -> None:
         if not self._ready:
             await self.database.ensure_schema(COMPONENT, VERSION, ddl(self.database.dialect))
             if self.leases is not None:
                 await self.database.ensure_schema(sql_leases.COMPONENT, sql_leases.VERSION,
                                                   sql_leases.ddl(self.database.dialect))
             self._ready = True
+
+    async def _wrote(self) -> None:
+        self._writes += 1
+        if self._writes in self.analyze_after and self.database.dialect == "postgres":
+            await self._analyze()
+
+    def _statements(self, what: str) -> Statements:
+        """A write call as statements (``Database.run_statements``; see ``_sql.fast``)."""
+        async def run(statements: list[tuple[str, Sequence[Any]]]) -> list[tuple[Any, ...]]:
+            await self._schema()
+            rows = await self.database.run_statements(statements, what=what)
+            await self._wrote()
+            return rows
+        return run
+
+    async def _call(self, fn: Callable[[SQLTables], T], *, fused: bool = False,
+                    write: bool = True, what: str = "a signal call") -> T:
+        await self._schema()
         max_parts, retention = self.stream_max_parts, self.stream_retention_ms / 1000
         fused = fused and self.leases is not None
 
@@ -128,9 +145,7 @@ class SQLCore:
 
         result = await self.database.run(call, write=write, what=what)
         if write:
-            self._writes += 1
-            if self._writes in self.analyze_after and self.database.dialect == "postgres":
-                await self._analyze()
+            await self._wrote()
         return result
 
     #: After this many write calls in this process, Postgres's statistics of the signal
@@ -206,9 +221,8 @@ class SQLCore:
                 and self.database.dialect == "postgres"):
             fused, cap = self.leases is not None, self.stream_max_parts
             age, ack = self.stream_retention_ms / 1000, acks[0]
-            if await self._call(lambda t: settle_one(t.tx, thread_key, run, ack, fused=fused,
-                                                     max_parts=cap, retention_s=age),
-                                fused=True, what="inbox settle"):
+            if await settle_one(self._statements("inbox settle"), thread_key, run, ack,
+                                fused=fused, max_parts=cap, retention_s=age):
                 self._parts_written(thread_key)
                 return True
         ok = await self._call(
@@ -303,11 +317,10 @@ class SQLCore:
         prefix, channel = found
         keep, window = self.max_receipts, self.engine.retention_s
         cap, age = self.stream_max_parts, self.stream_retention_ms / 1000
-        done = await self._call(
-            lambda t: route_one(t.tx, key, signal, mode, carry=carry, limits=limits, keep=keep,
-                                window_s=window, max_parts=cap, retention_s=age,
-                                sender=sender, prefix=prefix, channel=channel, pieces=pieces),
-            fused=True, what=f"send to thread {key!r}")
+        done = await route_one(
+            self._statements(f"send to thread {key!r}"), key, signal, mode, carry=carry,
+            limits=limits, keep=keep, window_s=window, max_parts=cap, retention_s=age,
+            sender=sender, prefix=prefix, channel=channel, pieces=pieces)
         if done is None:
             return None
         seq, now, owner, topic = done

@@ -9,7 +9,8 @@ common case holds and then writes what the engine would (see :func:`settle_one` 
 :func:`route_one`). It goes out with the thread's lock and COMMIT as one message: one round
 trip. When the case does not hold, the statement changes nothing and the engine does the
 call (its transaction is then a second one: nothing was written in between that the engine
-would not see).
+would not see). The statements go out through ``Database.run_statements``: on asyncio from
+the event loop's own thread, with no worker-thread hop.
 
 Held to the engine by ``tests/test_sql_fast.py``: the same random calls on two cores, one
 with these paths and one without, leave the same rows.
@@ -19,10 +20,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from _signal_leases.sql import Tx
 from _signal_leases.sql.leases import LIVE
 from _signal_leases.sql.postgres import NOTIFY_MAX_BYTES, NOW_MS
 from _signal_leases.validation import MAX_IDENTIFIER_LENGTH
@@ -117,11 +117,16 @@ def ack_data(result: str | None) -> str | None:
     return json.dumps({"result": json.loads(result)}, separators=(",", ":"))
 
 
-def settle_one(tx: Tx, key: str, run: RunRef, ack: Ack, *, fused: bool, max_parts: int,
-               retention_s: float) -> bool:
+#: Runs statements in one transaction and returns the last one's rows (``SQLCore`` passes
+#: its database's ``run_statements``, with the schema made and the write counted).
+Statements = Callable[[list[tuple[str, Sequence[Any]]]], Awaitable[list[tuple[Any, ...]]]]
+
+
+async def settle_one(run_statements: Statements, key: str, run: RunRef, ack: Ack, *,
+                     fused: bool, max_parts: int, retention_s: float) -> bool:
     """Acknowledge ``ack`` for ``run`` in one statement when the common case holds (see the
-    module docstring): True when done (the transaction is then over), False when nothing
-    changed and the engine must do it."""
+    module docstring): True when done, False when nothing changed and the engine must do
+    it."""
     entry = ack.entry_id  # the engine matches it as str(seq): only that text here
     if not (entry.isascii() and entry.isdigit() and len(entry) <= 18
             and str(int(entry)) == entry):
@@ -133,8 +138,7 @@ def settle_one(tx: Tx, key: str, run: RunRef, ack: Ack, *, fused: bool, max_part
     sql, order = _COMPILED[fused]
     values: Sequence[Any] = (key, run.run_id, run.token, int(entry), ack.signal_id,
                              ack.result, data, max_parts, retention_s)
-    tx.write(THREAD_LOCK, (key,))
-    rows = tx.last(sql, [values[i] for i in order])
+    rows = await run_statements([(THREAD_LOCK, (key,)), (sql, [values[i] for i in order])])
     return bool(rows and rows[0][0])
 
 
@@ -231,21 +235,20 @@ def notice_pieces(key: str, signal: Signal, mode: EntryMode, carry: bool
     return head, middle, tail
 
 
-def route_one(tx: Tx, key: str, signal: Signal, mode: EntryMode, *, carry: bool,
-              limits: Limits, keep: int, window_s: float, max_parts: int, retention_s: float,
-              sender: str | None, prefix: str, channel: str,
-              pieces: tuple[str, str, str | None]) -> tuple[int, float, str, str | None] | None:
+async def route_one(run_statements: Statements, key: str, signal: Signal, mode: EntryMode, *,
+                    carry: bool, limits: Limits, keep: int, window_s: float, max_parts: int,
+                    retention_s: float, sender: str | None, prefix: str, channel: str,
+                    pieces: tuple[str, str, str | None]
+                    ) -> tuple[int, float, str, str | None] | None:
     """Route ``signal`` (no lane, no ``not_before``) to the live owner of ``key`` in one
-    statement when the common case holds: ``(entry seq, now, owner, notice topic or None)``
-    (the transaction is then over), or ``None`` when nothing changed and the engine must do
-    it."""
+    statement when the common case holds: ``(entry seq, now, owner, notice topic or None)``,
+    or ``None`` when nothing changed and the engine must do it."""
     values: Sequence[Any] = (
         key, signal.id, signal.encode(), mode, signal.priority, signal.merge, signal.expires_at,
         carry, limits.max_pending, keep, window_s, max_parts, retention_s, sender, prefix,
         channel, *pieces)
     sql, order = _ROUTE
-    tx.write(THREAD_LOCK, (key,))
-    rows = tx.last(sql, [values[i] for i in order])
+    rows = await run_statements([(THREAD_LOCK, (key,)), (sql, [values[i] for i in order])])
     if not rows:
         return None
     seq, now, owner, topic, _ = rows[0]
