@@ -9,7 +9,8 @@
 * **Latency**: send -> agent across processes, one signal every 20 ms (p50, p99).
 * **Idle cost**: one process holding ``--threads`` active threads (each run waiting for its
   next signal), SQL statements per second over a quiet window, counted on every connection of
-  that process (client side), and the setup time; for each K in ``--ks``.
+  that process (client side: each message a worker thread's cursor or the event loop sends),
+  and the setup time; for each K in ``--ks``.
 
     python bench/postgres.py [--dsn DSN] [--rounds 3] [--signals 300] [--ks 1000,10000]
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anyio
 import psycopg
 
+import _signal_leases.sql.postgres as pg
 from bench._handoff import Cpu, compare_handoffs, serve_worker, spawn, wait_ready
 from bench._handoff import routed_round as handoff_round
 from bench._server import postgres_dsn
@@ -111,12 +113,18 @@ async def idle_cost(dsn: str, threads: int, window_s: float) -> dict[str, Any]:
     """Statements per second of one process holding ``threads`` active threads."""
     count = [0]
     execute = psycopg.Cursor.execute
+    exchange = pg._exchange
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
         count[0] += 1
         return execute(self, *args, **kwargs)
 
+    async def exchanging(*args: Any) -> Any:  # a message from the event loop (the hot path)
+        count[0] += 1
+        return await exchange(*args)
+
     psycopg.Cursor.execute = counting  # type: ignore[method-assign]
+    pg._exchange = exchanging  # type: ignore[assignment]
     release = anyio.Event()
     started = 0
 
@@ -148,6 +156,7 @@ async def idle_cost(dsn: str, threads: int, window_s: float) -> dict[str, Any]:
             release.set()
     finally:
         psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        pg._exchange = exchange
     return {"threads": threads, "setup_s": setup, "statements_per_s": rate}
 
 

@@ -332,7 +332,8 @@ async def test_a_batched_transaction_binds_any_value_and_survives_errors(
 
     db = PostgresDatabase(postgres_dsn, schema=pg_schema, max_connections=1)
     insert = "INSERT INTO odd (k, t, f, n) VALUES (?, ?, ?, ?)"
-    texts = ["it's", "back\\slash", "%s %(x)s ?", "€ ✓ \n\t", "", "E'x'", "$1", "a;b"]
+    texts = ["it's", "back\\slash", "%s %(x)s ?", "€ ✓ \n\t", "", "E'x'", "$1", "a;b",
+             "ends\\", "x'); DROP TABLE odd; --", "''", "\\'"]
     floats = [0.1, 1e300, -2.5e-308, 1733311111.123456, float("inf")]
 
     def setup(tx: Tx) -> None:
@@ -365,6 +366,11 @@ async def test_a_batched_transaction_binds_any_value_and_survives_errors(
         expected = [(i, t, floats[i % len(floats)], None if i % 2 else 2**40 + i)
                     for i, t in enumerate(texts)]
         assert await db.run(read) == expected
+        for text in texts:  # the same literals in a message from the event loop (asyncio)
+            values = (text, -(2**62), -0.0, True, None)
+            assert await db.run_statements(
+                [("SELECT ?::text, ?::bigint, ?::float8, ?::boolean, ?::int", values)]
+            ) == [values]
         for _ in range(2):
             with pytest.raises(BackendPermanentError):
                 await db.run(clash)
