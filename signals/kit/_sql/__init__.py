@@ -148,12 +148,9 @@ class SQLCore:
             await self._wrote()
         return result
 
-    #: After this many write calls in this process, Postgres's statistics of the signal
-    #: tables are refreshed (``ANALYZE``) once: a statement a connection prepared while the
-    #: tables were empty keeps a plan for empty tables until statistics change, and one
-    #: that picked the wrong index for a thread's receipts or entries costs O(receipts) per
-    #: signal (measured: 1.5 to 4.1 ms per routed signal over 3,000 signals on one thread,
-    #: 1.1 ms flat after an ANALYZE). Autovacuum gets there too, within a minute or so.
+    #: After these numbers of write calls in this process, Postgres's statistics of the signal
+    #: tables are refreshed (``ANALYZE``): a plan prepared while they were empty can read a
+    #: thread's receipts in full per signal (docs/postgres.md, "Statistics on new tables").
     analyze_after: tuple[int, ...] = (100, 1_000, 10_000)
 
     async def _analyze(self) -> None:
