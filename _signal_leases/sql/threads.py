@@ -11,6 +11,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -78,26 +79,18 @@ class WorkerThreads:
         if loop is None:
             async with self._limiter:
                 return await anyio.to_thread.run_sync(fn, *args)
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        if self._loop is None or self._loop() is not loop:
-            self._new_loop(loop)
-        if self._running < self._limit and not self._waiters:
-            self._running += 1
-        else:
-            await self._wait_for_turn(loop)
-        try:
-            future: asyncio.Future[T] = loop.create_future()
-            self._submit(_Job(loop, future, contextvars.copy_context(), fn, args))
-            with anyio.CancelScope(shield=True):
-                result = await future
-        finally:
-            self._pass_turn()
-        return result
+        return await self.run_here(partial(self._in_thread, loop, fn, args))
+
+    async def _in_thread(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., T],
+                         args: tuple[object, ...]) -> T:
+        future: asyncio.Future[T] = loop.create_future()
+        self._submit(_Job(loop, future, contextvars.copy_context(), fn, args))
+        return await future
 
     async def run_here(self, fn: Callable[[], Awaitable[T]]) -> T:
         """``await fn()`` on the event loop's own thread (asyncio only), counted as one of
-        the ``limit`` calls (it waits for a turn as :meth:`run` does) and, once started,
-        shielded from anyio's cancellation as a call in a thread is."""
+        the ``limit`` calls (it waits for a turn while all are taken) and, once started,
+        shielded from anyio's cancellation (:meth:`run` is this around a thread's call)."""
         loop = _running_loop()
         if loop is None:
             raise RuntimeError("run_here needs asyncio")
