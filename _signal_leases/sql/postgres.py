@@ -198,22 +198,18 @@ class _Batch:
         self._cursor.execute(";\n".join(texts))
         self._prepared.names.update(new)  # (after an error: names not used again)
 
-    def message(self, statements: Sequence[tuple[str, Sequence[Any]]], *, transaction: bool
-                ) -> tuple[str, int]:
-        """The text of one message that runs ``statements`` (in a transaction: BEGIN ...
-        COMMIT; else the one statement alone), and the index of the last statement's result
-        among the message's results. Call :meth:`prepared` once it ran."""
-        self._queued = ["BEGIN"] if transaction else []
+    def message(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> tuple[str, int]:
+        """The text of one message that runs ``statements`` in a transaction (BEGIN ...
+        COMMIT), and the index of the last statement's result among the message's results.
+        Call :meth:`prepared` once it ran."""
         for sql, params in statements:
             self.write(sql, params)
         texts, self._queued = self._queued, ["BEGIN"]
-        last = len(texts) - 1
-        if transaction:
-            texts.append("COMMIT")
-        return ";\n".join(texts), last
+        return ";\n".join([*texts, "COMMIT"]), len(texts) - 1
 
     def prepared(self) -> None:
-        """The message of :meth:`message` ran: its statements are prepared on the connection."""
+        """The statements queued since the last message ran: they are prepared on the
+        connection."""
         new, self._new = self._new, {}
         self._prepared.names.update(new)
 
@@ -284,18 +280,13 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> No
         if not ready.done():
             ready.set_result(None)
 
-    if write:
-        loop.add_writer(fd, done)
-        try:
-            await ready
-        finally:
-            loop.remove_writer(fd)
-    else:
-        loop.add_reader(fd, done)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
+    add, remove = (loop.add_writer, loop.remove_writer) if write else (
+        loop.add_reader, loop.remove_reader)
+    add(fd, done)
+    try:
+        await ready
+    finally:
+        remove(fd)
 
 
 class PostgresDatabase(Database):
@@ -431,8 +422,7 @@ class PostgresDatabase(Database):
             prepared = self._kept(conn)
             batch = _Batch(conn, prepared)
             text, last = batch.message(
-                [(sql.replace("?", "%s"), params) for sql, params in statements],
-                transaction=True)
+                [(sql.replace("?", self.param), params) for sql, params in statements])
             results = await _exchange(loop, conn.pgconn, text.encode(prepared.encoding))
             pq = self._psycopg.pq
             for result in results:
