@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 import redis.asyncio
 
@@ -130,3 +131,39 @@ async def test_redis_store_under_trio_is_unsupported(anyio_backend: str) -> None
         await store.accept("t", Signal(1), "deliver")
     with pytest.raises(UnsupportedBackendError, match="asyncio"):
         await store.entries("t")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_thread_outlives_its_output_stream_retention(
+    anyio_backend: str, redis_url: str, key_prefix: str
+) -> None:
+    """An acknowledgement appends a part to the output stream, whose retention (24 h by
+    default) is shorter than the thread's idle TTL (7 days). The part must not shorten the
+    life of the thread's own record (entry counter, pause, fencing token): once it had
+    expired, the next signals took entry numbers still in use and overwrote a pending one."""
+    from signals.kit import Ack, RunRef
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    store = RedisSignalStore(client=client, key_prefix=f"{key_prefix}:s",
+                             stream_retention_ms=200, idle_ttl_ms=60_000)
+    try:
+        for n in (1, 2):
+            await store.accept("t", Signal(n, id=f"s{n}"), "deliver")
+        run = RunRef("rt-a/run-1", 1)
+        taken = await store.take("t", run, max_attempts=3, first=True)
+        assert [e.signal.id for e in taken.entries] == ["s1"]
+        acked = Ack(taken.entries[0].entry_id, "s1")
+        assert await store.settle("t", run, acks=[acked])  # the last write: a part
+        meta = f"{key_prefix}:s:{{t}}:meta"
+        assert await client.pttl(meta) > 10_000, "the part cut the thread record's TTL"
+        await anyio.sleep(0.5)  # past the stream's retention
+        for n in (3, 4):
+            await store.accept("t", Signal(n, id=f"s{n}"), "deliver")
+        pending = await store.entries("t")
+        assert [(e.signal.id, e.signal.payload) for e in pending] == [
+            ("s2", 2), ("s3", 3), ("s4", 4)
+        ]
+    finally:
+        await store.withdraw("t", None, held=True)
+        await client.aclose()

@@ -62,7 +62,11 @@ local function add_part(stream, meta, cfg, kind, run, sid, data)
   local horizon = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(retention)
   trim_to(stream, meta, '(' .. horizon .. '-0', 100)
   redis.call('PEXPIRE', stream, retention)
-  redis.call('PEXPIRE', meta, retention)
+  -- meta (tmax) lives at least as long as the stream, and is never cut short: it is also
+  -- the thread's record (entry counter, pause, token), kept for the thread's idle TTL
+  if redis.call('PTTL', meta) < tonumber(retention) then
+    redis.call('PEXPIRE', meta, retention)
+  end
   if shard == '1' then redis.call('SPUBLISH', stream, id) end
   return id
 end
