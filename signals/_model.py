@@ -130,7 +130,6 @@ class Signal:
         check_identifier("signal id", self.id)
         if self._encoded is not None:
             return  # decoded from the store: checked when it was sent
-        encode_json(self.payload, "signal payload")  # a TypeError now, not at send
         check_int("priority", self.priority, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
         check_choice("merge", self.merge, MERGES)
         if self.lane is not None:
@@ -152,6 +151,15 @@ class Signal:
             raise ValueError("debounce_ms needs a lane with merge='coalesce' or 'supersede'")
         if self.max_wait_ms is not None and self.debounce_ms is None:
             raise ValueError("max_wait_ms needs debounce_ms")
+        # Encoded once, here: a payload that is not JSON is a TypeError now, not at send, and
+        # the send stores this text (a large payload is not encoded twice).
+        try:
+            encoded = json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError):
+            encode_json(self.payload, "signal payload")  # names the payload when it is that
+            encode_json(self.to_dict(), f"signal {self.id!r}")
+            raise
+        object.__setattr__(self, "_encoded", encoded)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what is stored; the delivery fields are not part of it)."""

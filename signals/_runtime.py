@@ -404,8 +404,9 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
             else:
                 await kit.abort(thread_key, owner, reason="interrupt", clear=False)
         if chain is not None and routed.carried and accepted.entry_id is not None:
-            carried = InboxEntry(accepted.entry_id, signal.evolve(attempt=1, mode="deliver"),
-                                 "deliver", 1, len(signal.encode()), "carried", owner)
+            handed = signal.evolve(attempt=1, mode="deliver", folded=())
+            carried = InboxEntry(accepted.entry_id, handed, "deliver", 1, len(signal.encode()),
+                                 "carried", owner)
             chain.offer(carried, owner)
         elif chain is not None and (owner is None or run_runtime(owner) == self.runtime_id):
             chain.doorbell.ring()

@@ -7,6 +7,8 @@ checks drive a whole ``SignalRuntime`` (runs, the steering buffer, reducers, pau
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +190,29 @@ async def test_an_interrupt_with_a_lane(pubsub: Any, merge: str) -> None:
             assert handed == [("a2", ())] and statuses == ["superseded", "processed"]
         else:
             assert handed == [("a2", ("a1", "a2"))] and statuses == ["processed"] * 2
+
+
+def test_a_signal_is_encoded_once_when_it_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JSON a send stores is built with the signal (a payload that is not JSON fails
+    there, naming the payload), and only once: the send reuses it."""
+    dumps, calls = json.dumps, []
+
+    def counting(*args: Any, **kwargs: Any) -> str:
+        calls.append(1)
+        return dumps(*args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counting)
+    signal = Signal({"big": "x" * 1000}, id="s1")
+    assert signal.encode() is signal.encode()
+    assert len(calls) == 1, "a large payload was encoded more than once"
+    monkeypatch.undo()
+    assert json.loads(signal.encode())["payload"] == {"big": "x" * 1000}
+    with pytest.raises(TypeError, match="signal payload must be JSON"):
+        Signal(object())
+    with pytest.raises(TypeError, match="signal 's2' must be JSON"):
+        Signal(1, id="s2", created_at=math.nan)
+    copy = signal.with_trace_context({"traceparent": "00-ab-cd-01"})
+    assert json.loads(copy.encode())["trace_context"] == {"traceparent": "00-ab-cd-01"}
 
 
 async def test_bad_dispositions_name_the_argument(pubsub: Any) -> None:

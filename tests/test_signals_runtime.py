@@ -604,6 +604,98 @@ async def test_logs_trace_a_signal_to_its_run() -> None:
     assert isinstance(started["token"], int) and started["token"] == finished["token"]
 
 
+async def test_in_memory_signals_are_handed_out_without_a_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The in-memory store keeps the signal it accepted: handing it out (carried to the run,
+    or taken) copies it, with the delivery fields of a decoded one, instead of decoding
+    the JSON it just encoded."""
+    import signals.kit._core
+    import signals.kit._rules
+
+    decodes: list[str] = []
+    decode = signals.kit._core.decode_entry
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        decodes.append(args[0])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(signals.kit._rules, "decode_entry", counting)
+    seen: list[Signal] = []
+    busy = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            seen.append(signal)
+            if signal.payload == 0:
+                busy.set()
+                await anyio.sleep(0.05)  # the next ones are carried to this run
+            await run.ack(signal)
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent, **parts()
+    ) as runtime:
+        await runtime.send("t", 0)
+        await busy.wait()
+        await runtime.send("t", Signal(1, folded=("x",), attempt=3, mode="queue"))
+        await runtime.send("t", 2, if_active="queue")
+        await runtime.wait_idle()
+    assert [s.payload for s in seen] == [0, 1, 2]
+    assert [(s.attempt, s.mode, s.folded) for s in seen] == [
+        (1, "deliver", ()), (1, "deliver", ()), (1, "queue", ())
+    ]
+    assert decodes == []
+
+
+def test_each_structlog_configuration_gets_the_library_s_events() -> None:
+    """The library builds structlog's logger once per configuration (not per event): a new
+    ``structlog.configure`` is followed at the next event, and without structlog configured
+    the events go to the standard library's logging."""
+    import logging
+
+    import structlog
+
+    from _signal_leases.logs import get_logger
+
+    log = get_logger("signals").bind(key="t")
+    first: list[str] = []
+    second: list[str] = []
+
+    def into(events: list[str]) -> Any:
+        def processor(_logger: Any, _method: str, event: Any) -> Any:
+            events.append(f"{event['event']} {event['key']} {event['n']}")
+            raise structlog.DropEvent
+
+        return processor
+
+    try:
+        structlog.configure(processors=[into(first)])
+        log.info("e", n=1)
+        log.info("e", n=2)
+        structlog.configure(processors=[into(second)])
+        log.info("e", n=3)
+    finally:
+        structlog.reset_defaults()
+    assert first == ["e t 1", "e t 2"] and second == ["e t 3"]
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Collect()
+    stdlib = logging.getLogger("signals")
+    stdlib.addHandler(handler)
+    stdlib.setLevel(logging.INFO)
+    try:
+        log.info("e", n=4)
+    finally:
+        stdlib.removeHandler(handler)
+        stdlib.setLevel(logging.NOTSET)
+    assert [r.getMessage() for r in records] == ["e key='t' n=4"]
+    assert first == ["e t 1", "e t 2"] and second == ["e t 3"]
+
+
 async def test_an_error_in_the_runtime_s_body_propagates_as_it_is() -> None:
     async def agent(run: Run) -> None:
         async for _ in run:

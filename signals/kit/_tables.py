@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from signals.kit._capabilities import PartIn
 from signals.kit._core import EntryState
+
+if TYPE_CHECKING:
+    from signals._model import Signal
 
 __all__ = ["EntryRow", "LeaseAccess", "ReceiptRow", "Tables", "ThreadRow"]
 
@@ -59,6 +62,9 @@ class EntryRow:
     holder: str | None = None
     attempts: int = 0
     error: str | None = None
+    # The accepted signal itself, when the engine has it (not stored: a row read back from a
+    # database has None, and its body is decoded): spares the decode of what was just encoded.
+    signal: Signal | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(slots=True)
