@@ -52,9 +52,10 @@ local function trim_to(stream, meta, minid, count)
   redis.call('XDEL', stream, last)
   redis.call('HSET', meta, 'tmax', last)
 end
+local PART_TIME = nil  -- the inbox scripts' own TIME, read once per script
 local function add_part(stream, meta, cfg, kind, run, sid, data)
   local maxlen, retention, shard = string.match(cfg, '^(%d+):(%d+):?(%d*)$')
-  local t = redis.call('TIME')
+  local t = PART_TIME or redis.call('TIME')
   local id = redis.call('XADD', stream, '*', 'k', kind, 'r', run, 's', sid, 'd', data,
                         't', t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
   local over = redis.call('XLEN', stream) - tonumber(maxlen)
@@ -101,6 +102,7 @@ end
 local THREAD, IDX, SP, CFG = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local RETENTION, MAXR, IDLE = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local t = redis.call('TIME')
+PART_TIME = t
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local at = tonumber(t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
 local ixop, ixscore = '', 0
@@ -134,6 +136,14 @@ local function file(seq, m)
   put(seq, m)
 end
 
+local function file_new(seq, m)
+  -- a new entry number (from the thread's counter) is in no set yet: only add it
+  if m.st == 'ready' then redis.call('ZADD', K.rq, score(m, tonumber(seq)), seq)
+  elseif m.st == 'later' then redis.call('ZADD', K.lt, fmt(m.d), seq)
+  else redis.call('HSET', K.hd, seq, m.h) end
+  put(seq, m)
+end
+
 local function index(op, s)
   -- the thread's next look in the pending index ('a': at or before s, 's': set, 'r': remove)
   if IDX == '1' then
@@ -152,13 +162,15 @@ local function set_receipt(sid, r)
 end
 
 local function drop(seq, m)
+  -- an entry is in the one set its state names (file keeps it so), in xp only with an
+  -- expiry and in ln only with a lane
   redis.call('HDEL', K.eb, seq)
   redis.call('HDEL', K.em, seq)
   redis.call('HDEL', K.ix, m.i)
-  redis.call('ZREM', K.rq, seq)
-  redis.call('ZREM', K.lt, seq)
-  redis.call('ZREM', K.xp, seq)
-  redis.call('HDEL', K.hd, seq)
+  if m.st == 'ready' then redis.call('ZREM', K.rq, seq)
+  elseif m.st == 'later' then redis.call('ZREM', K.lt, seq)
+  else redis.call('HDEL', K.hd, seq) end
+  if m.x then redis.call('ZREM', K.xp, seq) end
   if m.l then redis.call('ZREM', K.ln, lkey(m.l, tonumber(seq))) end
 end
 

@@ -121,10 +121,16 @@ local m = {i = sid, m = mode, p = prio, g = merge, n = 0}
 if lane then m.l = lane end
 if ARGV[16] ~= '' then m.nb = tonumber(ARGV[16]) end
 if ARGV[17] ~= '' then m.x = tonumber(ARGV[17]) end
-if later then m.st, m.d = 'later', due else m.st = 'ready' end
+local paused = redis.call('HGET', K.meta, 'paused') == '1'
+-- carried to the live owner with its notice: filed as carried at once
+local carry = ARGV[22] == '1' and owner and not later and mode == 'deliver' and not paused
+  and #body <= tonumber(ARGV[30])
+if later then m.st, m.d = 'later', due
+elseif carry then m.st, m.h, m.n = 'carried', owner, 1
+else m.st = 'ready' end
 redis.call('HSET', K.eb, seq, body)
 redis.call('HSET', K.ix, sid, seq)
-file(tostring(seq), m)
+file_new(tostring(seq), m)
 if m.x then redis.call('ZADD', K.xp, fmt(m.x), seq) end
 if lane then redis.call('ZADD', K.ln, 0, lkey(lane, seq)) end
 local status = 'pending'
@@ -135,7 +141,6 @@ redis.call('HSET', K.meta, 'last', at)
 touch()
 local due_out = false
 if later then due_out = fmt(due) end
-local paused = redis.call('HGET', K.meta, 'paused') == '1'
 if ARGV[22] ~= '1' then
   if not paused then
     if later then index('a', due) else index('a', now) end
@@ -153,9 +158,7 @@ end
 if owner then
   local rt = string.match(owner, '^(.*)/[^/]*$')
   local carried = ''
-  if mode == 'deliver' and not paused and #body <= tonumber(ARGV[30]) then
-    m.st, m.h, m.n = 'carried', owner, 1
-    file(tostring(seq), m)
+  if carry then
     add_part(K.stream, K.meta, CFG, 'signal.received', owner, sid, '{"attempt":1}')
     carried = '\\n\\n' .. seq .. ' ' .. body
   end
