@@ -12,7 +12,9 @@ itself:
   to stderr); ``logging.basicConfig(level=logging.INFO)`` shows every event. The message is
   ``<event> key=value ...``, and the record carries the whole event as ``record.event_dict``.
 
-A disabled level costs one ``isEnabledFor`` check: nothing is formatted. structlog is never
+A disabled level costs one ``isEnabledFor`` check: nothing is formatted. Under structlog, each
+layer's structlog logger is built once per configuration (structlog's own global one; a new
+``structlog.configure`` is followed at the next event), not once per event. structlog is never
 imported here: an application that configured it has imported it (a serverless sender that did
 not pays nothing for it at start-up).
 """

@@ -694,3 +694,46 @@ async def test_configuration_errors_are_permanent_and_outages_unavailable(
         await admin.acl_deluser("limited")
         await admin.config_set("requirepass", "")
         await admin.aclose()
+
+
+async def test_an_ack_is_bounded_by_the_client_s_timeout_or_by_its_own(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An XACK never waits forever on a dead connection: a client built from ``url`` (and a
+    given one with ``socket_timeout``) times out by itself; around a given client without one
+    each XACK gets a 5 s bound of its own."""
+    bounds: list[float] = []
+    move_on_after = anyio.move_on_after
+
+    def recording(delay: float) -> Any:
+        if delay == 5:  # the XACK's own bound (other parts of the backend use others)
+            bounds.append(delay)
+        return move_on_after(delay)
+
+    monkeypatch.setattr(anyio, "move_on_after", recording)
+    bare = redis.asyncio.Redis.from_url(redis_url)
+    timed = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
+    try:
+        for options, own_bound in (({"url": redis_url}, False), ({"client": timed}, False),
+                                   ({"client": bare}, True)):
+            got = anyio.Event()
+            seen = 0
+
+            async def handler(event: Event, got: anyio.Event = got) -> None:
+                nonlocal seen
+                seen += 1
+                if seen == 2:
+                    got.set()
+
+            bounds.clear()
+            async with RedisStreamsPubSub(key_prefix=key_prefix, **options) as ps:
+                await ps.subscribe("t", handler, group="g")
+                await ps.publish("t", Event("e", 1))
+                await ps.publish("t", Event("e", 2))
+                with anyio.fail_after(10):
+                    await got.wait()
+                await anyio.sleep(0.1)  # the second XACK
+            assert bool(bounds) == own_bound, options  # (an XACK may ride with a read)
+    finally:
+        await bare.aclose()
+        await timed.aclose()
