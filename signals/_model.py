@@ -83,7 +83,8 @@ class Signal:
     ``id`` is the deduplication key (generated when absent): the runtime accepts each id once
     per thread (within the receipt retention). ``type`` is free-form (``user``, ``system``,
     ``notification``, ...). ``payload`` must be JSON-serialisable; a ``TypeError`` says so at
-    construction. ``created_at`` is Unix time in seconds.
+    construction, where the signal is encoded, once: it is a snapshot of its payload (a later
+    change to a mutable payload is not sent). ``created_at`` is Unix time in seconds.
 
     How it lands (see docs/dispositions.md):
 
