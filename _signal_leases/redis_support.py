@@ -13,7 +13,6 @@ scatter the rules of a single round trip over several files.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import traceback
 from collections.abc import Iterator, Sequence
@@ -27,6 +26,7 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 
 from _signal_leases.aio import require_asyncio
 from _signal_leases.errors import BackendPermanentError, BackendUnavailableError
+from _signal_leases.redis_cluster import DEFAULT_MAX_CONNECTIONS, WaitingRedisCluster
 from _signal_leases.validation import check_int, check_seconds, check_str
 
 __all__ = [
@@ -53,8 +53,6 @@ __all__ = [
 
 #: Socket read and connect timeout of clients built from a URL, in seconds.
 DEFAULT_SOCKET_TIMEOUT_S = 2.0
-#: Connections in the pool of a client built from a URL (callers wait beyond that).
-DEFAULT_MAX_CONNECTIONS = 32
 #: WAIT's timeout with ``wait_replicas`` > 0, in ms (below the socket timeout).
 DEFAULT_WAIT_TIMEOUT_MS = 500
 
@@ -179,28 +177,6 @@ def stream_id(value: object) -> tuple[int, int]:
     """``"1700000000000-3"`` -> ``(1700000000000, 3)``, for ordering entry ids."""
     ms, _, seq = text(value).partition("-")
     return int(ms), int(seq or 0)
-
-
-class WaitingRedisCluster(redis.asyncio.RedisCluster):
-    """A ``RedisCluster`` whose callers *wait* for a connection instead of failing.
-
-    redis-py's per-node pools raise ``MaxConnectionsError`` as soon as a node has
-    ``max_connections`` commands in flight; the standalone clients of this library wait
-    instead (a busy pool is latency, never an error). This client lets at most
-    ``command_slots`` commands run at once (the others wait their turn) and gives every node
-    a pool twice that size, so single commands never exhaust a node and pipelines (which
-    take one connection per node besides) have room too.
-    """
-
-    def __init__(self, *args: Any, command_slots: int = DEFAULT_MAX_CONNECTIONS,
-                 **kwargs: Any) -> None:
-        kwargs["max_connections"] = 2 * command_slots
-        super().__init__(*args, **kwargs)
-        self._command_slots = asyncio.Semaphore(command_slots)
-
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        async with self._command_slots:
-            return await super().execute_command(*args, **kwargs)
 
 
 class RedisHandle:

@@ -122,11 +122,9 @@ if lane then m.l = lane end
 if ARGV[16] ~= '' then m.nb = tonumber(ARGV[16]) end
 if ARGV[17] ~= '' then m.x = tonumber(ARGV[17]) end
 local paused = redis.call('HGET', K.meta, 'paused') == '1'
--- carried to the live owner with its notice: filed as carried at once
 local carry = ARGV[22] == '1' and owner and not later and mode == 'deliver' and not paused
-  and #body <= tonumber(ARGV[30])
-if later then m.st, m.d = 'later', due
-elseif carry then m.st, m.h, m.n = 'carried', owner, 1
+  and #body <= tonumber(ARGV[30])  -- to the live owner with its notice: filed so at once
+if later then m.st, m.d = 'later', due elseif carry then m.st, m.h, m.n = 'carried', owner, 1
 else m.st = 'ready' end
 redis.call('HSET', K.eb, seq, body)
 redis.call('HSET', K.ix, sid, seq)
