@@ -26,7 +26,11 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 
 from _signal_leases.aio import require_asyncio
 from _signal_leases.errors import BackendPermanentError, BackendUnavailableError
-from _signal_leases.redis_cluster import DEFAULT_MAX_CONNECTIONS, WaitingRedisCluster
+from _signal_leases.redis_pools import (
+    DEFAULT_MAX_CONNECTIONS,
+    WaitingConnectionPool,
+    WaitingRedisCluster,
+)
 from _signal_leases.validation import check_int, check_seconds, check_str
 
 __all__ = [
@@ -255,7 +259,7 @@ class RedisHandle:
                 return WaitingRedisCluster.from_url(
                     url, command_slots=self.max_connections, **common
                 )
-            pool = redis.asyncio.BlockingConnectionPool.from_url(
+            pool = WaitingConnectionPool.from_url(
                 url, max_connections=self.max_connections, timeout=self.socket_timeout * 5,
                 **common,
             )

@@ -203,3 +203,43 @@ async def test_keeper_on_redis_renews_and_detects_a_deleted_lease(
         await redis_client.delete(provider.lease_key("k"))  # an operator deletes it by hand
         await anyio.sleep(5)
     assert keeper.lost and keeper.lost_reason == "renew rejected"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_busy_pool_is_latency_never_an_error(anyio_backend: str, redis_url: str,
+                                                     key_prefix: str) -> None:
+    """A client built from ``url`` has ``max_connections`` connections; more concurrent
+    callers wait for one instead of failing, and a connection given back wakes a waiter at
+    once (never only at the next release or at the pool's timeout)."""
+    async with RedisLeaseProvider(url=redis_url, key_prefix=key_prefix, max_connections=2,
+                                  socket_timeout=1) as provider:
+        pool: Any = provider.client.connection_pool
+
+        async def cycle(n: int) -> None:
+            for _ in range(20):
+                assert (await provider.acquire_lease(f"k{n}", "o", 10_000)).acquired
+                await provider.release_lease(f"k{n}", "o")
+
+        async with anyio.create_task_group() as tg:
+            for n in range(16):
+                tg.start_soon(cycle, n)
+        assert len(pool._available_connections) + len(pool._in_use_connections) <= 2
+
+        held = [await pool.get_connection() for _ in range(2)]
+        got: list[float] = []
+
+        async def waiter() -> None:
+            connection = await pool.get_connection()
+            got.append(anyio.current_time())
+            await pool.release(connection)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            tg.start_soon(waiter)
+            await anyio.sleep(0.2)
+            assert got == []  # both wait: the pool is full
+            released = anyio.current_time()
+            await pool.release(held.pop())
+            await anyio.sleep(0.1)
+            assert len(got) == 2 and got[0] - released < 0.1  # woken by that release
+        await pool.release(held.pop())
