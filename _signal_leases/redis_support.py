@@ -242,10 +242,6 @@ class RedisHandle:
             self.client = client
         self.cluster = isinstance(self.client, redis.asyncio.RedisCluster)
         self.initialized = not self.cluster  # see ready()
-        # Whether a command on this client ends by itself on a dead connection: a client built
-        # here has socket_timeout; a given one when its pool says so.
-        kwargs = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
-        self.read_timeout = self.owns_client or kwargs.get("socket_timeout") is not None
 
     def _from_url(self, url: str, cluster: bool) -> Any:
         common: dict[str, Any] = {

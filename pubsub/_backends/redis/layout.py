@@ -86,7 +86,6 @@ class StreamsContext:
     settings: StreamsSettings
     process_id: str
     log: Logger
-    read_timeout: bool = False  # the client's own reads time out (socket_timeout)
 
     def queue_idle_ttl(self, pipe: Any, stream: str) -> None:
         """Queue the sliding idle TTL of ``stream`` on ``pipe`` (when it is on)."""

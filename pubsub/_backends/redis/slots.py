@@ -9,7 +9,6 @@ member has a queue of its own, gets a copy of every entry after its start positi
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -160,11 +159,8 @@ class Slot:
         """XACK ``entry_ids``; on failure they stay pending and come again (at least once)."""
         if not entry_ids:
             return
-        # A client without a read timeout of its own gets one here (an XACK on a dead
-        # connection must not hold the member up); the others need no cancel scope per ack.
-        bound = nullcontext() if self.ctx.read_timeout else anyio.move_on_after(5)
         try:
-            with bound, map_errors("XACK"):
+            with anyio.move_on_after(5), map_errors("XACK"):
                 await self.ctx.client.xack(self.stream, self.group, *entry_ids)
         except BackendError as exc:
             self.ctx.log.warning(

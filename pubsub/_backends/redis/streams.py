@@ -132,7 +132,6 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
             settings=settings,
             process_id=self.process_id,
             log=logger.bind(consumer=self.process_id),
-            read_timeout=self._handle.read_timeout,
         )
         self._leases = RedisLeaseProvider(  # renewals on two connections of its own
             client=self._handle.client, key_prefix=f"{key_prefix}:lease", dedicated_renewals=True
