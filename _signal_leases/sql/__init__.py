@@ -21,6 +21,7 @@ transaction on first use and refuses a database written by another version, nami
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
@@ -31,7 +32,7 @@ import anyio
 from _signal_leases.errors import BackendError, BackendPermanentError, ClosedError
 from _signal_leases.sql.threads import WorkerThreads
 
-__all__ = ["Batch", "Database", "Tx"]
+__all__ = ["Batch", "Database", "Tx", "placeholders"]
 
 T = TypeVar("T")
 
@@ -54,6 +55,14 @@ class Batch(Protocol):
 
     def commit(self) -> None:
         """Send what is queued and COMMIT (nothing at all when nothing was sent)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def placeholders(sql: str, param: str) -> str:
+    """``sql`` with its ``?`` placeholders written as ``param`` (the driver's style), once per
+    statement text (the last 1,024 texts; most are the library's constants): the longest, a
+    routed signal's (3.6 KB), took 3.7 µs to rewrite on every call."""
+    return sql if param == "?" else sql.replace("?", param)
 
 
 class Tx:
@@ -100,7 +109,7 @@ class Tx:
         return self._batch is not None
 
     def _sql(self, sql: str) -> str:
-        return sql if self._param == "?" else sql.replace("?", self._param)
+        return placeholders(sql, self._param)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; returns the number of rows it changed."""

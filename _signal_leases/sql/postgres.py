@@ -51,7 +51,7 @@ from _signal_leases.errors import (
     BackendUnavailableError,
     ClosedError,
 )
-from _signal_leases.sql import Database, Tx
+from _signal_leases.sql import Database, Tx, placeholders
 from _signal_leases.validation import check_int
 
 __all__ = ["NOTIFY_MAX_BYTES", "NOW_MS", "PostgresDatabase", "import_psycopg"]
@@ -422,7 +422,7 @@ class PostgresDatabase(Database):
             prepared = self._kept(conn)
             batch = _Batch(conn, prepared)
             text, last = batch.message(
-                [(sql.replace("?", self.param), params) for sql, params in statements])
+                [(placeholders(sql, self.param), params) for sql, params in statements])
             results = await _exchange(loop, conn.pgconn, text.encode(prepared.encoding))
             pq = self._psycopg.pq
             for result in results:
