@@ -52,7 +52,7 @@ from signals._schedules import Scheduler, SchedulesMixin
 from signals._streams import StreamsMixin
 from signals._telemetry import Telemetry
 from signals.kit._capabilities import RuntimeInfo
-from signals.kit._core import InboxEntry, Limits, Overflow, SignalCore, run_runtime
+from signals.kit._core import Limits, Overflow, SignalCore, decode_entry, run_runtime
 from signals.kit._derived import TOPIC_PREFIX
 from signals.kit._store import KitStore
 
@@ -404,9 +404,8 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
             else:
                 await kit.abort(thread_key, owner, reason="interrupt", clear=False)
         if chain is not None and routed.carried and accepted.entry_id is not None:
-            handed = signal.evolve(attempt=1, mode="deliver", folded=())
-            carried = InboxEntry(accepted.entry_id, handed, "deliver", 1, len(signal.encode()),
-                                 "carried", owner)
+            carried = decode_entry(accepted.entry_id, signal.encode(), "deliver", 1,
+                                   state="carried", holder=owner, signal=signal)
             chain.offer(carried, owner)
         elif chain is not None and (owner is None or run_runtime(owner) == self.runtime_id):
             chain.doorbell.ring()

@@ -314,13 +314,18 @@ def is_signal_core(obj: object) -> bool:
 
 def decode_entry(
     entry_id: str, raw: str | bytes, mode: str, attempts: int, *, state: EntryState = "ready",
-    holder: str | None = None, due_at: float | None = None,
+    holder: str | None = None, due_at: float | None = None, signal: Signal | None = None,
 ) -> InboxEntry:
-    """An inbox entry from its stored parts (``ValueError`` when malformed)."""
-    obj: Any = json.loads(raw)
-    if not isinstance(obj, dict):
-        raise ValueError("signal JSON must be an object")
+    """An inbox entry from its stored parts (``ValueError`` when malformed). ``signal``: the
+    signal ``raw`` encodes, when the caller still has it (it accepted it): copied with the
+    delivery fields instead of decoded."""
     entry_mode: EntryMode = "queue" if mode == "queue" else "deliver"
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    signal = Signal.from_dict(obj, attempt=max(1, attempts), mode=entry_mode, encoded=text)
-    return InboxEntry(entry_id, signal, entry_mode, attempts, len(text), state, holder, due_at)
+    if signal is not None:
+        handed = signal.evolve(attempt=max(1, attempts), mode=entry_mode, folded=())
+    else:
+        obj: Any = json.loads(text)
+        if not isinstance(obj, dict):
+            raise ValueError("signal JSON must be an object")
+        handed = Signal.from_dict(obj, attempt=max(1, attempts), mode=entry_mode, encoded=text)
+    return InboxEntry(entry_id, handed, entry_mode, attempts, len(text), state, holder, due_at)

@@ -53,15 +53,8 @@ class Outbox:
 
 
 def entry_of(e: EntryRow) -> InboxEntry:
-    signal = e.signal
-    if signal is not None:  # the object it was encoded from: no decode
-        mode: EntryMode = "queue" if e.mode == "queue" else "deliver"
-        return InboxEntry(str(e.seq), signal.evolve(attempt=max(1, e.attempts), mode=mode,
-                                                    folded=()),
-                          mode, e.attempts, len(e.body), e.state, e.holder,
-                          e.due if e.state == "later" else None)
     return decode_entry(str(e.seq), e.body, e.mode, e.attempts, state=e.state, holder=e.holder,
-                        due_at=e.due if e.state == "later" else None)
+                        due_at=e.due if e.state == "later" else None, signal=e.signal)
 
 
 def _receipt(r: ReceiptRow) -> Receipt:
