@@ -119,29 +119,21 @@ local function get(seq)
 end
 local function put(seq, m) redis.call('HSET', K.em, seq, cjson.encode(m)) end
 
-local function file(seq, m)
-  if m.st == 'ready' then
-    redis.call('ZADD', K.rq, score(m, tonumber(seq)), seq)
-    redis.call('ZREM', K.lt, seq)
-    redis.call('HDEL', K.hd, seq)
-  elseif m.st == 'later' then
-    redis.call('ZADD', K.lt, fmt(m.d), seq)
-    redis.call('ZREM', K.rq, seq)
-    redis.call('HDEL', K.hd, seq)
-  else
-    redis.call('ZREM', K.rq, seq)
-    redis.call('ZREM', K.lt, seq)
-    redis.call('HSET', K.hd, seq, m.h)
-  end
-  put(seq, m)
-end
-
 local function file_new(seq, m)
-  -- a new entry number (from the thread's counter) is in no set yet: only add it
+  -- into the one set its state names (ready: rq, later: lt, held or carried: hd), and its
+  -- state; a new entry number (from the thread's counter) is in no set yet: only this
   if m.st == 'ready' then redis.call('ZADD', K.rq, score(m, tonumber(seq)), seq)
   elseif m.st == 'later' then redis.call('ZADD', K.lt, fmt(m.d), seq)
   else redis.call('HSET', K.hd, seq, m.h) end
   put(seq, m)
+end
+
+local function file(seq, m)
+  -- out of the two sets its state does not name (its last state is not known here)
+  if m.st ~= 'ready' then redis.call('ZREM', K.rq, seq) end
+  if m.st ~= 'later' then redis.call('ZREM', K.lt, seq) end
+  if m.st == 'ready' or m.st == 'later' then redis.call('HDEL', K.hd, seq) end
+  file_new(seq, m)
 end
 
 local function index(op, s)
