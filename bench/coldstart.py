@@ -72,20 +72,21 @@ IMPORTS = {"raw": "import redis.asyncio", "signals": "import signals, pubsub; "
            "pubsub.RedisStreamsPubSub"}
 
 
-PYTHON = sys.executable  # --python
-
-
-def once(code: str, url: str) -> float:
+def _fresh(python: str, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python *args`` in a fresh process, from ``/``, with the checkout on its path."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([python, *args], check=True, env=env, cwd="/",
+                          capture_output=capture, text=True)
+
+
+def once(python: str, code: str, url: str) -> float:
     start = time.perf_counter()
-    subprocess.run([PYTHON, "-c", code, url], check=True, env=env, cwd="/")
+    _fresh(python, "-c", code, url)
     return time.perf_counter() - start
 
 
-def import_ms(code: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([PYTHON, "-X", "importtime", "-c", code], check=True, env=env,
-                         cwd="/", capture_output=True, text=True).stderr
+def import_ms(python: str, code: str) -> float:
+    out = _fresh(python, "-X", "importtime", "-c", code, capture=True).stderr
     total = 0
     for line in out.splitlines():
         parts = line.split("|")
@@ -102,23 +103,22 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter of the fresh processes (see the module docstring)")
     args = parser.parse_args()
-    global PYTHON
-    PYTHON = args.python
-    otel = subprocess.run([PYTHON, "-c", "import opentelemetry.sdk"], capture_output=True)
+    python = args.python
+    otel = subprocess.run([python, "-c", "import opentelemetry.sdk"], capture_output=True)
     packages = [str(ROOT / p) for p in ("_signal_leases", "leases", "pubsub", "signals")]
-    subprocess.run([PYTHON, "-m", "compileall", "-q", *packages], check=True)  # as installed
+    subprocess.run([python, "-m", "compileall", "-q", *packages], check=True)  # as installed
     times: dict[str, list[float]] = {"raw": [], "signals": []}
     imports: dict[str, list[float]] = {"raw": [], "signals": []}
     with redis_url(args.redis_url) as url:
-        once(RAW, url), once(SIGNALS, url)  # warm the file cache
+        once(python, RAW, url), once(python, SIGNALS, url)  # warm the file cache
         for r in range(args.rounds):
             order = ("raw", "signals") if r % 2 == 0 else ("signals", "raw")
             for name in order:
-                times[name].append(once(RAW if name == "raw" else SIGNALS, url))
-                imports[name].append(import_ms(IMPORTS[name]))
+                times[name].append(once(python, RAW if name == "raw" else SIGNALS, url))
+                imports[name].append(import_ms(python, IMPORTS[name]))
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     imp = {k: statistics.median(v) for k, v in imports.items()}
-    print(f"a fresh process sends one signal, median of {args.rounds} ({PYTHON}; the "
+    print(f"a fresh process sends one signal, median of {args.rounds} ({python}; the "
           f"OpenTelemetry SDK {'is' if otel.returncode == 0 else 'is not'} installed there):")
     print(f"  raw      {med['raw']:6.1f} ms  (imports {imp['raw']:5.1f} ms)")
     print(f"  signals  {med['signals']:6.1f} ms  (imports {imp['signals']:5.1f} ms)  "
