@@ -52,6 +52,8 @@ class WaitingConnectionPool(redis.asyncio.BlockingConnectionPool):
         self._waiting = 0  # callers in the waiting path
 
     def _waiters(self) -> bool:
+        # (a method, not the attribute in place: release() reads it again after an await,
+        # where it may have changed, which a type checker's narrowing would not allow)
         return self._waiting > 0
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
