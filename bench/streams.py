@@ -8,7 +8,7 @@ Measured side by side in one run, in interleaved rounds (A, B, B, A, ...), on th
   is blocked in ``XREAD BLOCK`` on the same stream. Ping-pong: the next part is emitted once the
   reader has the previous one, so each figure is one part's trip, not a queue.
 * **Fan-out**: ``--followers`` readers in one process, each following its own thread (all
-  blocked at once), then one part appended to each thread: the Redis connections the process
+  waiting at once), then one part appended to each thread: the Redis connections the process
   holds (before and while following; the design claim is O(1), not one per reader) and the
   time until every reader has its part.
 
@@ -142,13 +142,13 @@ async def latency(url: str, rounds: int, n: int) -> None:
 
 
 async def connections(url: str) -> tuple[int, int]:
-    """(connections, of which blocked in a command), not counting this one."""
+    """(connections, of which subscribed to pub/sub channels), not counting this one."""
     client = redis.asyncio.Redis.from_url(url)
     try:
         me = await client.client_id()
         rows: Any = await client.client_list()
         others = [row for row in rows if int(row["id"]) != me]
-        return len(others), sum("b" in str(row.get("flags", "")) for row in others)
+        return len(others), sum("P" in str(row.get("flags", "")) for row in others)
     finally:
         await client.aclose()
 
@@ -175,8 +175,8 @@ async def fanout(url: str, followers: int) -> None:
             async with anyio.create_task_group() as tg:
                 for thread in threads:
                     tg.start_soon(follow, thread)
-                await anyio.sleep(2.0)  # every follower blocked
-                following, blocked = await connections(url)
+                await anyio.sleep(2.0)  # every follower waits
+                following, subscribed = await connections(url)
                 following -= base  # the writer has not connected yet
                 start = time.perf_counter()
                 for thread in threads:
@@ -189,7 +189,7 @@ async def fanout(url: str, followers: int) -> None:
         last = max(got.values()) - start
     print(f"fan-out, {followers} followers on {followers} threads in one process:")
     print(f"  connections: {idle} with the runtime idle, {following} with every follower "
-          f"waiting, of which {blocked} blocked in a read (the pool holds at most "
+          f"waiting, of which {subscribed} on pub/sub (the follower's; the pool holds at most "
           f"max_connections=32 besides)")
     print(f"  one part to each thread: written in {wrote * 1e3:.0f} ms, the last follower "
           f"had its part {last * 1e3:.0f} ms after the first write")

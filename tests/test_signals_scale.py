@@ -167,8 +167,9 @@ async def test_a_routed_signal_costs_two_redis_round_trips(
     also publishes the notice that carries the signal to the owner's run) and the owner's ack
     one more. No other client command runs for it; a lane (supersede, or coalesce: the
     owner's run takes the lane as one hand-out) costs nothing more. Without a lane, the two
-    scripts run at most 54 commands between them (65 before the carried entry was filed
-    once and an entry left only the sets it is in)."""
+    scripts run at most 56 commands between them (65 before the carried entry was filed
+    once and an entry left only the sets it is in; 54 before each of the two stream parts
+    was announced for the stream followers)."""
     first_done, acked = anyio.Event(), anyio.Event()
 
     async def agent(run: Run) -> None:
@@ -220,7 +221,7 @@ async def test_a_routed_signal_costs_two_redis_round_trips(
         await client.aclose()
     assert [c.split()[0].upper() for c in trips] == ["EVALSHA", "EVALSHA"], trips
     if lane is None:  # each command inside a script costs 2-5 µs of the server's time here
-        assert len(work) <= 54, f"{len(work)} commands inside the two scripts: {work}"
+        assert len(work) <= 56, f"{len(work)} commands inside the two scripts: {work}"
 
 
 @pytest.mark.redis

@@ -214,9 +214,12 @@ async def test_a_follower_waiter_from_an_older_cursor_misses_nothing(
         await store.aclose()
 
 
-async def test_a_followed_part_costs_one_xread(redis_url: str, key_prefix: str) -> None:
-    """A reader that takes each part and asks for the next is served by one XREAD per part:
-    the follower reads on after what it handed out, not again from before it."""
+async def test_a_followed_part_comes_with_its_announcement(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A reader that takes each part and asks for the next gets it from the part's
+    announcement: no read per part (the first parts after subscribing may cost one), and no
+    blocking read at all."""
     import redis.asyncio
 
     from signals import RedisSignalStore
@@ -229,26 +232,112 @@ async def test_a_followed_part_costs_one_xread(redis_url: str, key_prefix: str) 
         async with store.follower() as follower:
             cursor = (await store.emit("t", [PartIn("part", "r/1", None, "0")]))[0]
 
-            async def xreads() -> int:
+            xranges = 0
+            xrange = store.client.xrange
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                nonlocal xranges
+                xranges += 1
+                return await xrange(*args, **kwargs)
+
+            store.client.xrange = counted  # type: ignore[method-assign]
+
+            async def xreads() -> int:  # (the scripts' own XRANGEs are not round trips)
                 info: Any = await stats.info("commandstats")
                 return int(info.get("cmdstat_xread", {}).get("calls", 0))
 
             before = await xreads()
+            got: list[Any] = []
             for i in range(1, n + 1):
                 async with anyio.create_task_group() as tg:
 
                     async def read(after: str = cursor) -> None:
                         nonlocal cursor
                         parts = await follower.wait("t", after)
+                        got.extend(p.data for p in parts)
                         cursor = parts[-1].cursor
 
                     tg.start_soon(read)
-                    await anyio.sleep(0.01)  # the follower is blocked in its read
+                    await anyio.sleep(0.01)  # the reader waits
                     await store.emit("t", [PartIn("part", "r/1", None, str(i))])
-            used = await xreads() - before
-        # One per part; a reader late for its part (a loaded machine) costs one more. Reading
-        # again from before each handed-out part would take 2 * n.
-        assert used <= n + 10, f"{used} XREADs for {n} parts"
+            blocking = await xreads() - before
+        assert got == list(range(1, n + 1))
+        # The first wait reads once (the stream's end is not known yet); then every part comes
+        # with its announcement. Reading per part would take n or more.
+        assert xranges <= 3, f"{xranges} reads for {n} parts"
+        assert blocking == 0
     finally:
         await stats.aclose()
+        await store.aclose()
+
+
+async def test_a_big_part_is_announced_by_its_id_and_read(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A part over ``ANNOUNCE_BYTES`` is announced by its id only: its waiter reads it, whole,
+    and the parts after it still come straight from their announcements."""
+    from signals import RedisSignalStore
+    from signals._backends.redis.lua import ANNOUNCE_BYTES
+    from signals.kit import PartIn
+
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix)
+    big = json.dumps("x" * (ANNOUNCE_BYTES + 1))
+    try:
+        async with store.follower() as follower:
+            cursor = (await store.emit("t", [PartIn("part", "r/1", None, "0")]))[0]
+            got: list[Any] = []
+            for data in ("1", big, "2", big, "3"):
+                async with anyio.create_task_group() as tg:
+
+                    async def read(after: str = cursor) -> None:
+                        nonlocal cursor
+                        parts = await follower.wait("t", after)
+                        got.extend(p.data for p in parts)
+                        cursor = parts[-1].cursor
+
+                    tg.start_soon(read)
+                    await anyio.sleep(0.01)
+                    await store.emit("t", [PartIn("part", "r/1", None, data)])
+        assert got == [1, json.loads(big), 2, json.loads(big), 3]
+    finally:
+        await store.aclose()
+
+
+async def test_a_follower_that_lost_its_connection_misses_no_part(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The follower's pub/sub connection is killed while a reader waits on a stream whose end
+    it knows, and parts are appended at once (their announcements are lost with the
+    connection): the follower subscribes again and its reader gets every part, in order."""
+    import redis.asyncio
+
+    from signals import RedisSignalStore
+    from signals.kit import PartIn
+
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix)
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with store.follower() as follower:
+            cursor = (await store.emit("t", [PartIn("part", "r/1", None, "0")]))[0]
+            for round_ in range(3):
+                got: list[Any] = []
+
+                async def read(after: str = cursor, got: list[Any] = got) -> None:
+                    nonlocal cursor
+                    while len(got) < 3:
+                        parts = await follower.wait("t", after)
+                        got.extend(p.data for p in parts)
+                        after = cursor = parts[-1].cursor
+
+                with anyio.fail_after(10):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(read)
+                        await anyio.sleep(0.05)  # subscribed, the stream's end known
+                        killed = await admin.client_kill_filter(_type="pubsub")
+                        assert killed >= 1
+                        for i in range(3):
+                            await store.emit("t", [PartIn("part", "r/1", None, str(i))])
+                assert got == [0, 1, 2], (round_, got)
+    finally:
+        await admin.aclose()
         await store.aclose()

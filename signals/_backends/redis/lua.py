@@ -32,7 +32,10 @@ from __future__ import annotations
 
 from _signal_leases.lua import LEASE_FUNCTIONS
 
-__all__ = ["EMIT", "INBOX_FUNCTIONS", "KEY_NAMES", "READ_STREAM"]
+__all__ = ["ANNOUNCE_BYTES", "EMIT", "INBOX_FUNCTIONS", "KEY_NAMES", "READ_STREAM"]
+
+#: A part announced with its content up to this size (its kind and data), else by its id.
+ANNOUNCE_BYTES = 4096
 
 #: The per-thread keys every inbox script takes, in order (then the shard and thread set).
 KEY_NAMES = ("eb", "em", "ix", "rq", "lt", "xp", "hd", "seen", "receipts", "dead", "meta",
@@ -41,9 +44,13 @@ KEY_NAMES = ("eb", "em", "ix", "rq", "lt", "xp", "hd", "seen", "receipts", "dead
 # add_part(stream, meta, cfg, kind, run, sid, data): append one part to a thread's output
 # stream (fields k, r, s, d, t) and trim it exactly to ``cfg`` = "<max parts>:<retention ms>",
 # remembering in meta.tmax the newest id ever trimmed (a cursor below it has lost parts).
-# ``cfg`` ending in ":1" (a Cluster) also announces the new id on the sharded pub/sub channel
-# named like the stream (same slot), which the Cluster's stream follower subscribes to.
+# Each part is announced on the pub/sub channel named like the stream, which the follower of
+# a process subscribes to while somebody there waits on the stream: ``cfg`` ending in ":1" (a
+# Cluster) with ``SPUBLISH`` (sharded: same slot as the stream), in ":2" with ``PUBLISH``. The
+# announcement carries the part itself (a JSON array: id, kind, run, signal id, time, data), or
+# only its id when the part is larger than ANNOUNCE_BYTES (the follower then reads it).
 _PARTS_FN = """
+local ANNOUNCE_BYTES = @ANNOUNCE_BYTES@
 local function trim_to(stream, meta, minid, count)
   local gone = redis.call('XRANGE', stream, '-', minid, 'COUNT', count)
   if #gone == 0 then return end
@@ -56,8 +63,8 @@ local PART_TIME = nil  -- the inbox scripts' own TIME, read once per script
 local function add_part(stream, meta, cfg, kind, run, sid, data)
   local maxlen, retention, shard = string.match(cfg, '^(%d+):(%d+):?(%d*)$')
   local t = PART_TIME or redis.call('TIME')
-  local id = redis.call('XADD', stream, '*', 'k', kind, 'r', run, 's', sid, 'd', data,
-                        't', t[1] .. '.' .. string.format('%06d', tonumber(t[2])))
+  local at = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  local id = redis.call('XADD', stream, '*', 'k', kind, 'r', run, 's', sid, 'd', data, 't', at)
   local over = redis.call('XLEN', stream) - tonumber(maxlen)
   if over > 0 then trim_to(stream, meta, '+', over) end
   local horizon = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(retention)
@@ -68,10 +75,16 @@ local function add_part(stream, meta, cfg, kind, run, sid, data)
   if redis.call('PTTL', meta) < tonumber(retention) then
     redis.call('PEXPIRE', meta, retention)
   end
-  if shard == '1' then redis.call('SPUBLISH', stream, id) end
+  if shard ~= '' then
+    local note = id
+    if #data + #kind <= ANNOUNCE_BYTES then
+      note = cjson.encode({id, kind, run, sid, at, data})
+    end
+    redis.call(shard == '1' and 'SPUBLISH' or 'PUBLISH', stream, note)
+  end
   return id
 end
-"""
+""".replace("@ANNOUNCE_BYTES@", str(ANNOUNCE_BYTES))
 
 #: KEYS: stream, meta. ARGV: 1 "<max parts>:<retention ms>", then per part: kind, run id,
 #: signal id, data JSON ('' for none). Returns the new cursors.

@@ -1,4 +1,4 @@
-"""Stream parts on Redis, shared by both followers: an entry decoded as a
+"""Stream parts on Redis: an entry or an announcement decoded as a
 :class:`~signals.StreamPart`, and who waits on which thread's stream."""
 
 from __future__ import annotations
@@ -12,23 +12,38 @@ import anyio
 from _signal_leases.redis_support import text
 from signals._model import StreamPart
 
-__all__ = ["Waiter", "Waiters", "decode_part"]
+__all__ = ["Waiter", "Waiters", "decode_announcement", "decode_part"]
+
+
+def _part(thread_key: str, cursor: str, kind: str, run: str, sid: str, at: str,
+          data: str) -> StreamPart:
+    return StreamPart(
+        cursor=cursor,
+        thread_key=thread_key,
+        run_id=run or None,
+        kind=kind,
+        data=json.loads(data) if data else None,
+        signal_id=sid or None,
+        at=float(at) if at else None,
+    )
 
 
 def decode_part(thread_key: str, raw_id: Any, flat: Any) -> StreamPart:
     """A stream entry as a :class:`StreamPart`."""
     pairs = flat.items() if isinstance(flat, dict) else zip(flat[::2], flat[1::2], strict=True)
     fields = {text(k): text(v) for k, v in pairs}
-    data = fields.get("d", "")
-    return StreamPart(
-        cursor=text(raw_id),
-        thread_key=thread_key,
-        run_id=fields.get("r") or None,
-        kind=fields.get("k", "part"),
-        data=json.loads(data) if data else None,
-        signal_id=fields.get("s") or None,
-        at=float(fields["t"]) if fields.get("t") else None,
-    )
+    return _part(thread_key, text(raw_id), fields.get("k", "part"), fields.get("r", ""),
+                 fields.get("s", ""), fields.get("t", ""), fields.get("d", ""))
+
+
+def decode_announcement(thread_key: str, note: Any) -> tuple[str, StreamPart | None]:
+    """A part's announcement (see ``add_part`` in ``lua``): its cursor, and the part when the
+    announcement carries it (``None``: announced by its id only, or by an older writer)."""
+    note = text(note)
+    if not note.startswith("["):
+        return note, None
+    cursor, kind, run, sid, at, data = json.loads(note)
+    return cursor, _part(thread_key, cursor, kind, run, sid, at, data)
 
 
 @dataclass(eq=False)
@@ -48,7 +63,7 @@ class Waiter:
 
 
 class Waiters(dict[str, list[Waiter]]):
-    """Who waits on which thread's stream (both followers keep one)."""
+    """Who waits on which thread's stream."""
 
     def add(self, thread_key: str, after: str | None) -> Waiter:
         waiter = Waiter(thread_key, after or "0-0")

@@ -124,9 +124,10 @@ class RedisSignalStore(RedisOutput, RedisPresence, RedisFused):
         self.idle_ttl_ms = check_int("idle_ttl_ms", idle_ttl_ms)
         self.stream_max_parts = check_int("stream_max_parts", stream_max_parts)
         self.stream_retention_ms = check_int("stream_retention_ms", stream_retention_ms)
-        self._stream_cfg = f"{self.stream_max_parts}:{self.stream_retention_ms}"
-        if self._handle.cluster:
-            self._stream_cfg += ":1"  # announce new parts on sharded pub/sub (see the follower)
+        # New parts are announced for the follower: sharded pub/sub on a Cluster (":1"),
+        # plain pub/sub on one Redis (":2"); see ``follower``.
+        self._stream_cfg = (f"{self.stream_max_parts}:{self.stream_retention_ms}:"
+                            f"{'1' if self._handle.cluster else '2'}")
         self._idx = "0" if self._handle.cluster else "1"
         self._key_cache: dict[str, list[str]] = {}  # thread key -> its script keys (bounded)
         register = self.client.register_script

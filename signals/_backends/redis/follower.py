@@ -1,19 +1,27 @@
-"""The stream follower of :class:`~signals.RedisSignalStore` on a Redis Cluster.
+"""The stream follower of :class:`~signals.RedisSignalStore`: one per process, for all of its
+``stream()`` readers, on one Redis or a Cluster.
 
-One ``XREAD BLOCK`` cannot cover streams in different slots, so on a Cluster every script that
-appends a part also announces its id with ``SPUBLISH`` on a sharded channel named like the
-stream (same hash tag, so the same slot and node; see ``_redis_lua``). This follower keeps ONE
-pub/sub connection per master node it needs (not per thread) and subscribes there to the
-channels of the streams somebody in this process waits on. An announcement makes it read the
-new parts with one ``XRANGE`` and hand them to that stream's waiters.
+Every script that appends a part also announces it on a pub/sub channel named like the stream
+(see ``add_part`` in ``lua``): ``PUBLISH`` on one Redis, ``SPUBLISH`` on a Cluster (the same
+hash tag as the stream, so the same slot and node). This follower keeps ONE pub/sub connection
+per node it needs (one on a single Redis; not one per thread) and subscribes there to the
+channels of the streams somebody in this process waits on. A part costs it O(1), whatever the
+number of streams followed.
 
 * A waiter subscribes first and waits for the node's confirmation, then reads once: a part
   appended after the read is announced to the subscription, so nothing falls in between.
+* An announcement carries the part (up to ``ANNOUNCE_BYTES``). The follower remembers the last
+  part announced per stream while its subscription holds (announcements arrive in the order
+  the parts were appended): a waiter whose cursor is that part gets the next one straight from
+  the announcement, and a waiter that comes back from it needs no read. Any other waiter (an
+  older cursor, a part announced by its id only, the first part after subscribing) is served
+  by one ``XRANGE`` of that stream.
 * A channel whose waiters are gone stays subscribed for ``_LINGER_S`` (a reader that asks
   again for the next part does not pay two more round trips) and is then dropped.
-* A broken connection (a node died, a failover) or a channel the node gave up (its slot moved)
-  re-homes the affected streams: the slot map is fetched again, each stream is subscribed on
-  the node that now serves it, and its waiters read what they may have missed.
+* A broken connection (Redis restarted, a Cluster node died or failed over) or a channel the
+  node gave up (its slot moved) re-homes the affected streams: on a Cluster the slot map is
+  fetched again; each stream is subscribed again and its waiters read what they may have
+  missed.
 """
 
 from __future__ import annotations
@@ -30,20 +38,22 @@ import anyio.abc
 from _signal_leases.errors import BackendError, BackendUnavailableError
 from _signal_leases.redis_support import (
     UNAVAILABLE,
+    is_cluster,
     map_errors,
     node_reader_client,
+    reader_client,
     refresh_slots,
     stream_id,
     text,
 )
-from signals._backends.redis.parts import Waiters, decode_part
+from signals._backends.redis.parts import Waiters, decode_announcement, decode_part
 
 if TYPE_CHECKING:
     from _signal_leases.keys import SignalKeys
     from _signal_leases.logs import Logger
     from signals._model import StreamPart
 
-__all__ = ["ClusterFollower"]
+__all__ = ["RedisFollower"]
 
 _LINGER_S = 5.0
 _TICK_S = 1.0
@@ -52,8 +62,8 @@ _COUNT = 100
 _FAILURES: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendError)
 
 
-async def _shard_command(pubsub: Any, command: str, channel: str) -> None:
-    """``SSUBSCRIBE``/``SUNSUBSCRIBE`` one channel. redis-py before 8.0 has no
+async def _channel_command(pubsub: Any, command: str, channel: str) -> None:
+    """``(UN)SUBSCRIBE`` or ``S(UN)SUBSCRIBE`` one channel. redis-py before 8.0 has no
     ``PubSub.ssubscribe``; sent raw, its replies and messages still come back from
     ``get_message`` as dicts typed ``ssubscribe``, ``smessage`` and ``sunsubscribe``."""
     method = getattr(pubsub, command.lower(), None)
@@ -61,8 +71,6 @@ async def _shard_command(pubsub: Any, command: str, channel: str) -> None:
         await method(channel)
     else:
         await pubsub.execute_command(command, channel)
-
-
 
 
 @dataclass(eq=False)
@@ -75,22 +83,28 @@ class _Node:
     # (Un)subscriptions one at a time: two at once on a fresh PubSub would each take a
     # connection from the pool and one of them would be orphaned.
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+    swept: float = 0.0  # when idle channels were last looked for (once per tick, not per part)
 
 
-class ClusterFollower:
-    """See the module docstring. Same interface as ``RedisFollower``: ``run``, ``wait``,
-    ``close``."""
+class RedisFollower:
+    """See the module docstring: ``run``, ``wait``, ``close``."""
 
     def __init__(self, client: Any, keys: SignalKeys, log: Logger) -> None:
         self._client = client
         self._keys = keys
         self._log = log
+        self._cluster = is_cluster(client)
+        self._shard = "S" if self._cluster else ""  # sharded pub/sub on a Cluster
         self._waiters = Waiters()
         self._idle_since: dict[str, float] = {}  # thread -> when its last waiter left
         self._nodes: dict[str, _Node] = {}
         self._thread_of: dict[str, str] = {}  # channel -> thread
         self._node_of: dict[str, str] = {}  # thread -> node name (once subscribed)
         self._confirming: dict[str, anyio.Event] = {}  # channel -> set when subscribed
+        # thread -> the cursor of its newest part, known since its subscription was confirmed
+        # (from an announcement, or a read that found nothing newer); gone when it breaks
+        self._head: dict[str, str] = {}
+        self._announced: dict[str, int] = {}  # thread -> announcements handled (see wait)
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(
@@ -121,9 +135,16 @@ class ClusterFollower:
                     backoff = min(backoff * 2, 2.0)
                     with suppress(*_FAILURES):
                         await refresh_slots(self._client)
-            parts = await self._read(thread_key, waiter.after)
-            if parts:
-                return parts
+            if self._head.get(thread_key) != waiter.after:  # else: the next part is announced
+                announced = self._announced.get(thread_key, 0)
+                parts = await self._read(thread_key, waiter.after)
+                if parts:
+                    return parts
+                if thread_key in self._node_of and thread_key not in self._head and \
+                        self._announced.get(thread_key, 0) == announced:
+                    # Nothing after ``after`` when read, and no announcement since: the next
+                    # part announced is the one after it.
+                    self._head[thread_key] = waiter.after
             await waiter.event.wait()
             return waiter.parts
         finally:
@@ -151,43 +172,76 @@ class ClusterFollower:
                 waiter.parts = mine
                 waiter.event.set()
 
+    async def _on_announcement(self, thread_key: str, note: Any) -> None:
+        """Hand an announced part to the waiters right behind it; the others read."""
+        cursor, part = decode_announcement(thread_key, note)
+        self._announced[thread_key] = self._announced.get(thread_key, 0) + 1
+        previous = self._head.get(thread_key)
+        if part is None:
+            self._head.pop(thread_key, None)  # not known: the next waiter reads
+        elif previous is None or stream_id(cursor) > stream_id(previous):
+            self._head[thread_key] = cursor
+        read = False
+        for waiter in self._waiters.get(thread_key, []):
+            if waiter.event.is_set() or stream_id(cursor) <= stream_id(waiter.after):
+                continue
+            if part is not None and waiter.after == previous:
+                waiter.parts = [part]
+                waiter.event.set()
+            else:
+                read = True  # parts it has not had may come before this one
+        if read:
+            await self._catch_up(thread_key)
+
+    async def _node_for(self, channel: str) -> _Node:
+        """The node serving ``channel``, with its pub/sub connection (made on first use)."""
+        assert self._tg is not None, "the follower is not running"
+        if self._cluster:
+            await self._client.initialize()  # a no-op once the slot map is known
+            target = self._client.get_node_from_key(channel)
+            name = target.name
+        else:
+            target, name = None, "redis"
+        node = self._nodes.get(name)
+        if node is None:
+            block_ms, client_name = int(_TICK_S * 1000), f"{self._keys.prefix}:follower"
+            client = (node_reader_client(target, block_ms=block_ms, name=client_name)
+                      if self._cluster else
+                      reader_client(self._client, block_ms=block_ms, name=client_name))
+            node = _Node(name, client, client.pubsub())
+            self._nodes[name] = node
+            self._tg.start_soon(self._listen, node, name=f"follower {name}")
+        return node
+
     async def _subscribe(self, thread_key: str) -> None:
         """Subscribe to the channel of ``thread_key``'s stream on the node serving it, and
         return once the node confirmed (a read before that could miss an announcement)."""
         if thread_key in self._node_of:
             return
-        assert self._tg is not None, "the follower is not running"
         channel = self._keys.thread(thread_key, "stream")
         confirmed = self._confirming.get(channel)
         if confirmed is None:
             confirmed = self._confirming[channel] = anyio.Event()
+            node = None
             try:
                 with map_errors("stream follow"):
-                    await self._client.initialize()  # a no-op once the slot map is known
-                    target = self._client.get_node_from_key(channel)
-                    node = self._nodes.get(target.name)
-                    if node is None:
-                        client = node_reader_client(
-                            target, block_ms=int(_TICK_S * 1000),
-                            name=f"{self._keys.prefix}:follower",
-                        )
-                        node = _Node(target.name, client, client.pubsub())
-                        self._nodes[node.name] = node
-                        self._tg.start_soon(self._listen, node, name=f"follower {node.name}")
+                    node = await self._node_for(channel)
                     self._thread_of[channel] = thread_key
                     node.channels.add(channel)
                     async with node.lock:
-                        await _shard_command(node.pubsub, "SSUBSCRIBE", channel)
+                        await _channel_command(node.pubsub, f"{self._shard}SUBSCRIBE", channel)
                     node.wake.set()  # the listener reads the confirmation
-            except BaseException:
+            except BaseException as exc:
                 self._confirming.pop(channel, None)
                 confirmed.set()
+                if node is not None and isinstance(exc, Exception):
+                    await self._lose(node, exc)
                 raise
         with anyio.move_on_after(_CONFIRM_S):
             await confirmed.wait()
         if thread_key not in self._node_of:
             raise BackendUnavailableError(
-                f"Redis Cluster did not confirm the subscription to {channel!r}"
+                f"Redis did not confirm the subscription to {channel!r}"
             )
 
     def _forget(self, node: _Node, channels: Iterable[str]) -> list[str]:
@@ -200,6 +254,8 @@ class ClusterFollower:
             thread = self._thread_of.pop(channel, None)
             if thread is not None and self._node_of.get(thread) == node.name:
                 del self._node_of[thread]
+                self._head.pop(thread, None)
+                self._announced.pop(thread, None)
                 threads.append(thread)
         return threads
 
@@ -212,7 +268,7 @@ class ClusterFollower:
 
     async def _listen(self, node: _Node) -> None:
         try:
-            while True:
+            while self._nodes.get(node.name) is node:  # until it is dropped
                 if not node.channels or node.pubsub.connection is None:  # nothing to read yet
                     if node.wake.is_set():
                         node.wake = anyio.Event()  # (checked again before waiting on it)
@@ -223,27 +279,40 @@ class ClusterFollower:
                 message = await node.pubsub.get_message(timeout=_TICK_S)
                 if message is not None:
                     await self._on_message(node, message)
-                await self._sweep(node)
+                if time.monotonic() - node.swept >= _TICK_S:
+                    node.swept = time.monotonic()
+                    await self._sweep(node)
         except Exception as exc:
-            self._log.warning("signals.follower_node_lost", node=node.name, error=repr(exc))
-            threads = self._forget(node, node.channels)
-            await self._drop(node)
-            await self._rehome(threads)  # this task ends; the new node has its own listener
+            await self._lose(node, exc)
+
+    async def _lose(self, node: _Node, exc: Exception) -> None:
+        """A node's connection failed: redis-py may have connected it again and subscribed
+        its channels again, but what was announced in between is lost. Drop it, subscribe
+        its streams anew, and let their waiters read what they missed."""
+        if self._nodes.get(node.name) is not node:
+            return  # lost already
+        self._log.warning("signals.follower_node_lost", node=node.name, error=repr(exc))
+        threads = self._forget(node, node.channels)
+        await self._drop(node)  # its listener, if running, fails and ends
+        assert self._tg is not None
+        self._tg.start_soon(self._rehome, threads)
 
     async def _on_message(self, node: _Node, message: dict[str, Any]) -> None:
         kind, channel = text(message.get("type")), text(message.get("channel"))
+        if self._cluster:
+            kind = kind.removeprefix("s")
         thread = self._thread_of.get(channel)
-        if kind == "ssubscribe" and thread is not None and channel in node.channels:
+        if kind == "subscribe" and thread is not None and channel in node.channels:
             self._node_of[thread] = node.name
             confirmed = self._confirming.pop(channel, None)
             if confirmed is not None:
                 confirmed.set()
-        elif kind == "smessage" and thread is not None:
+        elif kind == "message" and thread is not None and self._node_of.get(thread) == node.name:
             try:
-                await self._catch_up(thread)
+                await self._on_announcement(thread, message.get("data"))
             except _FAILURES as exc:
                 self._log.warning("signals.follower_read_failed", key=thread, error=repr(exc))
-        elif kind == "sunsubscribe" and channel in node.channels:
+        elif kind == "unsubscribe" and channel in node.channels:
             # The node gave the channel up (its slot moved): follow it to its new node.
             assert self._tg is not None
             self._tg.start_soon(self._rehome, self._forget(node, [channel]))
@@ -258,7 +327,7 @@ class ClusterFollower:
             self._idle_since.pop(self._thread_of.get(channel, ""), None)
             self._forget(node, [channel])
             async with node.lock:
-                await _shard_command(node.pubsub, "SUNSUBSCRIBE", channel)
+                await _channel_command(node.pubsub, f"{self._shard}UNSUBSCRIBE", channel)
 
     async def _rehome(self, threads: list[str]) -> None:
         """Subscribe ``threads`` (those somebody still waits on) where they are served now,
