@@ -158,3 +158,38 @@ async def test_a_routed_signal_costs_one_write_on_each_side(anyio_backend: str,
         # owner's notice read and acknowledgement 14.
         assert len(sender_sql) - 3 * (len(sender_tx) - 1) <= 13, sender_sql
         assert len(owner_sql) <= 14, owner_sql
+
+
+async def test_a_follower_of_many_threads_sees_another_process_write_to_any(
+    tmp_path: Path,
+) -> None:
+    """One follower waits on 1,200 threads (more than one poll's query covers); a part written
+    by another core on the same file (another process) to any of them reaches its waiter."""
+    path = tmp_path / "signals.db"
+    db, other_db = SQLiteDatabase(path), SQLiteDatabase(path)
+    core, other = SQLCore(db, follow_poll_ms=20), SQLCore(other_db)
+    threads = [f"t{n}" for n in range(1200)]
+    got: dict[str, Any] = {}
+    try:
+        async with core.follower() as follower:
+
+            three = anyio.Event()
+
+            async def wait(thread: str) -> None:
+                got[thread] = [p.data for p in await follower.wait(thread, None)]
+                if len(got) == 3:
+                    three.set()
+
+            async with anyio.create_task_group() as tg:
+                for thread in threads:
+                    tg.start_soon(wait, thread)
+                await anyio.sleep(0.5)  # every waiter waits
+                for thread in (threads[0], threads[700], threads[-1]):
+                    await other.emit(thread, [PartIn("part", "r/1", None, '"x"')])
+                with anyio.fail_after(5):
+                    await three.wait()
+                assert got == {threads[0]: ["x"], threads[700]: ["x"], threads[-1]: ["x"]}
+                tg.cancel_scope.cancel()
+    finally:
+        await db.aclose()
+        await other_db.aclose()

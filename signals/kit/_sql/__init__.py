@@ -22,8 +22,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-
 import _signal_leases.sql.leases as sql_leases
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import BackendError, CursorExpiredError
@@ -52,6 +50,7 @@ if TYPE_CHECKING:
     from leases import LeaseProvider
     from pubsub import PubSub
 
+from signals.kit._sql.follower import SQLFollower
 from signals.kit._sql.tables import COMPONENT, DAY_MS, VERSION, SQLTables, ddl
 
 __all__ = ["SQLCore"]
@@ -102,7 +101,7 @@ class SQLCore:
             self.listen = notices.listen
         self._ready = False
         self._writes = 0
-        self._followers: list[_Follower] = []
+        self._followers: list[SQLFollower] = []
 
     #: Use the one-statement paths of ``_sql.fast`` where the database batches (Postgres);
     #: False: the engine does every call (the tests compare the two).
@@ -380,9 +379,9 @@ class SQLCore:
         return None if n is None else str(n)
 
     @asynccontextmanager
-    async def follower(self) -> AsyncIterator[_Follower]:
+    async def follower(self) -> AsyncIterator[SQLFollower]:
         """One watcher for every stream reader of this process (see the module docstring)."""
-        follower = _Follower(self)
+        follower = SQLFollower(self)
         self._followers.append(follower)
         try:
             async with owned_task_group() as tg:
@@ -390,61 +389,3 @@ class SQLCore:
                 yield follower
         finally:
             self._followers.remove(follower)
-
-
-class _Follower:
-    """Waiters by thread; one query per poll for every thread someone waits on."""
-
-    def __init__(self, core: SQLCore) -> None:
-        self._core = core
-        self.waiting: dict[str, list[anyio.Event]] = {}
-        self._someone = anyio.Event()
-
-    def ring(self, thread_key: str) -> None:
-        for event in self.waiting.get(thread_key, ()):
-            event.set()
-
-    async def run(self) -> None:
-        core, poll = self._core, self._core.follow_poll_ms / 1000
-        seen: dict[str, int] = {}
-        while True:
-            if not self.waiting:
-                self._someone = anyio.Event()
-                await self._someone.wait()
-            threads = list(self.waiting)[:500]
-            query = (f"SELECT key, pseq FROM sig_threads WHERE key IN "
-                     f"({', '.join('?' * len(threads))})")
-            def read(t: SQLTables, q: str = query, k: list[str] = threads
-                     ) -> list[tuple[Any, ...]]:
-                return t._tx.all(q, k)
-
-            try:
-                rows = await core._call(read, write=False, what="stream follow")
-            except Exception:  # an outage: the readers' own reads report it
-                rows = []
-            for key, pseq in rows:
-                if seen.get(key) != pseq:
-                    seen[key] = pseq
-                    self.ring(key)
-            await anyio.sleep(poll)
-
-    async def wait(self, thread_key: str, after: str | None) -> list[StreamPart]:
-        """Wait until ``thread_key``'s stream has parts after ``after``; return them."""
-        while True:
-            try:
-                parts = await self._core.stream_read(thread_key, after=after)
-            except CursorExpiredError:
-                return []  # the reader's next stream_read raises it
-            if parts:
-                return parts
-            event = anyio.Event()
-            self.waiting.setdefault(thread_key, []).append(event)
-            self._someone.set()
-            try:
-                await event.wait()
-            finally:
-                waiting = self.waiting[thread_key]
-                waiting.remove(event)
-                if not waiting:
-                    del self.waiting[thread_key]
-
