@@ -341,3 +341,161 @@ async def test_a_follower_that_lost_its_connection_misses_no_part(
     finally:
         await admin.aclose()
         await store.aclose()
+
+
+async def test_a_reader_back_as_its_stream_is_dropped_is_followed_again_at_once(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower drops a stream nobody has waited on for its linger (here at once); a
+    reader that comes back while that UNSUBSCRIBE is on its way subscribes again, and the
+    reply to the UNSUBSCRIBE is not taken for the server giving the channel up (that would
+    drop the new subscription: a warning, and the reader waiting for a retry)."""
+    import structlog.testing
+
+    import signals._backends.redis.follower as follower_module
+    from signals import RedisSignalStore
+    from signals.kit import PartIn
+
+    monkeypatch.setattr(follower_module, "_LINGER_S", 0.0)
+    monkeypatch.setattr(follower_module, "_TICK_S", 0.002)
+    command = follower_module._channel_command
+    dropping = anyio.Event()
+
+    async def slow_command(pubsub: Any, name: str, channel: str) -> None:
+        await command(pubsub, name, channel)
+        if name.endswith("UNSUBSCRIBE"):
+            dropping.set()
+            await anyio.sleep(0.05)  # its reply comes after the reader below subscribed again
+
+    monkeypatch.setattr(follower_module, "_channel_command", slow_command)
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with store.follower() as follower:
+                cursor = (await store.emit("t", [PartIn("part", "r/1", None, "0")]))[0]
+                for i in range(1, 6):
+                    got: list[Any] = []
+                    async with anyio.create_task_group() as tg:
+
+                        async def read(after: str = cursor, got: list[Any] = got) -> None:
+                            got.extend(await follower.wait("t", after))
+
+                        tg.start_soon(read)
+                        await anyio.sleep(0.01)
+                        await store.emit("t", [PartIn("part", "r/1", None, str(i))])
+                    assert [p.data for p in got] == [i]
+                    cursor = got[-1].cursor
+                    with anyio.fail_after(5):
+                        await dropping.wait()  # nobody waits: the follower drops "t"
+                    dropping = anyio.Event()
+        assert [e for e in logs if e["log_level"] == "warning"] == []
+    finally:
+        await store.aclose()
+
+
+async def test_a_reader_back_during_a_sweep_keeps_its_stream_followed(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower drops idle streams one after the other; a reader that comes back for one
+    of them while an earlier one is being dropped keeps it followed and gets the next part.
+    (The reader is started from inside the first drop: the interleaving on purpose.)"""
+    import signals._backends.redis.follower as follower_module
+    from signals import RedisSignalStore
+    from signals.kit import PartIn
+
+    monkeypatch.setattr(follower_module, "_LINGER_S", 0.2)
+    monkeypatch.setattr(follower_module, "_TICK_S", 0.05)
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix)
+    part = PartIn("part", "r/1", None, "1")
+    try:
+        async with store.follower() as follower, anyio.create_task_group() as tg:
+            last = {}
+            for i in range(20):
+                last[f"t{i}"] = (await store.emit(f"t{i}", [part]))[0]
+                await follower.wait(f"t{i}", "0-0")  # followed, then idle
+            got: list[Any] = []
+            forget = follower._forget
+
+            def forget_and_come_back(node: Any, channels: Any) -> list[str]:
+                if not got:
+                    got.append(None)
+
+                    async def late() -> None:
+                        got.extend(await follower.wait("t19", last["t19"]))
+
+                    tg.start_soon(late)
+                return forget(node, channels)
+
+            monkeypatch.setattr(follower, "_forget", forget_and_come_back)
+            await anyio.sleep(0.6)  # the sweep has run
+            cursor = (await store.emit("t19", [part]))[0]
+            with anyio.fail_after(5):
+                while len(got) < 2:  # noqa: ASYNC110 (filled by the reader)
+                    await anyio.sleep(0.02)
+            assert [p.cursor for p in got[1:]] == [cursor]
+    finally:
+        await store.aclose()
+
+
+async def test_a_connection_lost_during_a_read_leaves_no_gap_for_the_next_reader(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's read finds nothing; while it is on its way the follower's connection is lost,
+    a part is written (announced to nobody) and the stream is followed again. The next reader
+    from the same cursor still gets that part: the follower does not take the empty read for
+    the stream's end."""
+    import redis.asyncio
+
+    from signals import RedisSignalStore
+    from signals.kit import PartIn
+
+    store = RedisSignalStore(url=redis_url, key_prefix=key_prefix)
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    part = PartIn("part", "r/1", None, "1")
+    try:
+        async with store.follower() as follower, anyio.create_task_group() as tg:
+            start = (await store.emit("t", [part]))[0]
+            read, rehome = follower._read, follower._rehome
+            lost: list[str] = []
+            once: list[None] = []
+            written = anyio.Event()
+
+            async def rehome_once_written(threads: list[str]) -> None:
+                await written.wait()
+                await rehome(threads)
+
+            monkeypatch.setattr(follower, "_rehome", rehome_once_written)
+
+            async def read_then_lose(thread: str, after: str) -> Any:
+                rows = await read(thread, after)
+                if not once:
+                    once.append(None)
+                    node = follower._nodes["redis"]
+                    await admin.client_kill_filter(_type="pubsub")
+                    while follower._nodes.get("redis") is node:  # noqa: ASYNC110
+                        await anyio.sleep(0.005)  # the loss is noticed
+                    lost.append((await store.emit("t", [part]))[0])  # announced to nobody
+                    written.set()
+                    while "t" not in follower._node_of:  # noqa: ASYNC110
+                        await anyio.sleep(0.005)  # followed again
+                return rows
+
+            monkeypatch.setattr(follower, "_read", read_then_lose)
+            with anyio.fail_after(5):
+                first = await follower.wait("t", start)
+            assert [p.cursor for p in first] == lost
+            second: list[Any] = []
+
+            async def next_reader() -> None:
+                second.extend(await follower.wait("t", start))
+
+            tg.start_soon(next_reader)
+            await anyio.sleep(0.1)
+            later = (await store.emit("t", [part]))[0]
+            with anyio.fail_after(5):
+                while not second:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            assert [p.cursor for p in second][:1] == lost, (second, lost, later)
+    finally:
+        await admin.aclose()
+        await store.aclose()

@@ -26,7 +26,9 @@ number of streams followed.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import Counter
 from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -84,6 +86,8 @@ class _Node:
     # connection from the pool and one of them would be orphaned.
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     swept: float = 0.0  # when idle channels were last looked for (once per tick, not per part)
+    # channel -> our UNSUBSCRIBEs whose reply has not come yet (any other is the node's own)
+    leaving: Counter[str] = field(default_factory=Counter)
 
 
 class RedisFollower:
@@ -104,7 +108,10 @@ class RedisFollower:
         # thread -> the cursor of its newest part, known since its subscription was confirmed
         # (from an announcement, or a read that found nothing newer); gone when it breaks
         self._head: dict[str, str] = {}
-        self._announced: dict[str, int] = {}  # thread -> announcements handled (see wait)
+        # thread -> a stamp, new at each confirmed subscription and each announcement, gone
+        # when the subscription breaks: unchanged around a read, nothing came in between
+        self._stamp: dict[str, int] = {}
+        self._stamps = itertools.count()
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(
@@ -136,14 +143,14 @@ class RedisFollower:
                     with suppress(*_FAILURES):
                         await refresh_slots(self._client)
             if self._head.get(thread_key) != waiter.after:  # else: the next part is announced
-                announced = self._announced.get(thread_key, 0)
+                stamp = self._stamp.get(thread_key)
                 parts = await self._read(thread_key, waiter.after)
                 if parts:
                     return parts
-                if thread_key in self._node_of and thread_key not in self._head and \
-                        self._announced.get(thread_key, 0) == announced:
-                    # Nothing after ``after`` when read, and no announcement since: the next
-                    # part announced is the one after it.
+                if stamp is not None and self._stamp.get(thread_key) == stamp and \
+                        thread_key not in self._head:
+                    # Nothing after ``after`` when read, on the same subscription and with no
+                    # announcement since: the next part announced is the one after it.
                     self._head[thread_key] = waiter.after
             await waiter.event.wait()
             return waiter.parts
@@ -175,7 +182,7 @@ class RedisFollower:
     async def _on_announcement(self, thread_key: str, note: Any) -> None:
         """Hand an announced part to the waiters right behind it; the others read."""
         cursor, part = decode_announcement(thread_key, note)
-        self._announced[thread_key] = self._announced.get(thread_key, 0) + 1
+        self._stamp[thread_key] = next(self._stamps)
         previous = self._head.get(thread_key)
         if part is None:
             self._head.pop(thread_key, None)  # not known: the next waiter reads
@@ -229,7 +236,9 @@ class RedisFollower:
                     self._thread_of[channel] = thread_key
                     node.channels.add(channel)
                     async with node.lock:
-                        await _channel_command(node.pubsub, f"{self._shard}SUBSCRIBE", channel)
+                        with anyio.CancelScope(shield=True):  # a cut write: a new connection
+                            await _channel_command(node.pubsub, f"{self._shard}SUBSCRIBE",
+                                                   channel)
                     node.wake.set()  # the listener reads the confirmation
             except BaseException as exc:
                 self._confirming.pop(channel, None)
@@ -255,8 +264,10 @@ class RedisFollower:
             if thread is not None and self._node_of.get(thread) == node.name:
                 del self._node_of[thread]
                 self._head.pop(thread, None)
-                self._announced.pop(thread, None)
+                self._stamp.pop(thread, None)
                 threads.append(thread)
+            if thread is not None and thread not in self._waiters:
+                self._idle_since.pop(thread, None)
         return threads
 
     async def _drop(self, node: _Node) -> None:
@@ -303,7 +314,13 @@ class RedisFollower:
             kind = kind.removeprefix("s")
         thread = self._thread_of.get(channel)
         if kind == "subscribe" and thread is not None and channel in node.channels:
+            if self._node_of.get(thread) == node.name:
+                # Subscribed again without our asking: redis-py connected anew and restored
+                # the subscriptions; what was announced in between is lost.
+                await self._lose(node, BackendUnavailableError("pub/sub connection renewed"))
+                return
             self._node_of[thread] = node.name
+            self._stamp[thread] = next(self._stamps)
             confirmed = self._confirming.pop(channel, None)
             if confirmed is not None:
                 confirmed.set()
@@ -311,11 +328,20 @@ class RedisFollower:
             try:
                 await self._on_announcement(thread, message.get("data"))
             except _FAILURES as exc:
+                # Its waiters may need the read that failed: follow the stream anew (a
+                # subscription and a read, retried with backoff).
                 self._log.warning("signals.follower_read_failed", key=thread, error=repr(exc))
-        elif kind == "unsubscribe" and channel in node.channels:
-            # The node gave the channel up (its slot moved): follow it to its new node.
-            assert self._tg is not None
-            self._tg.start_soon(self._rehome, self._forget(node, [channel]))
+                assert self._tg is not None
+                self._tg.start_soon(self._rehome, self._forget(node, [channel]))
+        elif kind == "unsubscribe":
+            if node.leaving[channel] > 0:  # the reply to our own UNSUBSCRIBE
+                node.leaving[channel] -= 1
+                if not node.leaving[channel]:
+                    del node.leaving[channel]
+            elif channel in node.channels:
+                # The node gave the channel up (its slot moved): follow it to its new node.
+                assert self._tg is not None
+                self._tg.start_soon(self._rehome, self._forget(node, [channel]))
 
     async def _sweep(self, node: _Node) -> None:
         """Unsubscribe from channels nobody has waited on for ``_LINGER_S``."""
@@ -324,24 +350,32 @@ class RedisFollower:
                 if self._thread_of.get(c) not in self._waiters
                 and self._idle_since.get(self._thread_of.get(c, ""), 0.0) < horizon]
         for channel in idle:
-            self._idle_since.pop(self._thread_of.get(channel, ""), None)
+            thread = self._thread_of.get(channel)
+            if channel not in node.channels or thread in self._waiters or \
+                    self._idle_since.get(thread or "", 0.0) >= horizon:
+                continue  # a reader came back while an earlier channel was dropped
+            self._idle_since.pop(thread or "", None)
             self._forget(node, [channel])
+            node.leaving[channel] += 1  # (a waiter may subscribe again before the reply)
             async with node.lock:
                 await _channel_command(node.pubsub, f"{self._shard}UNSUBSCRIBE", channel)
 
     async def _rehome(self, threads: list[str]) -> None:
         """Subscribe ``threads`` (those somebody still waits on) where they are served now,
-        then let their waiters read what they may have missed; retried with backoff."""
+        then let their waiters read what they may have missed; retried with backoff until
+        both succeeded for each."""
         backoff = 0.05
+        pending = list(threads)
         while True:
-            pending = [t for t in threads if t in self._waiters and t not in self._node_of]
+            pending = [t for t in pending if t in self._waiters]
             if not pending:
                 return
             try:
                 await refresh_slots(self._client)
-                for thread in pending:
-                    await self._subscribe(thread)
-                    await self._catch_up(thread)
+                while pending:
+                    await self._subscribe(pending[0])  # (nothing to do if subscribed)
+                    await self._catch_up(pending[0])
+                    pending.pop(0)
                 return
             except _FAILURES as exc:
                 self._log.warning("signals.follower_rehome_failed", error=repr(exc),
