@@ -81,9 +81,10 @@ IMPORTS = {"raw": "import redis.asyncio", "signals": "import signals, pubsub; "
            "pubsub.RedisStreamsPubSub"}
 
 
-def _fresh(python: str, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+def _fresh(python: str, *args: str, capture: bool = False,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python *args`` in a fresh process, from ``/``, with the checkout on its path."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([python, *args], check=True, env=env, cwd="/",
                           capture_output=capture, text=True)
 
@@ -106,20 +107,22 @@ def import_ms(python: str, code: str) -> float:
 
 
 def instructions(python: str, code: str, url: str) -> int:
-    """Instructions of one fresh process running ``code``, counted by callgrind."""
+    """Instructions of one fresh process running ``code``, counted by callgrind (with a fixed
+    hash seed: set and dict layouts, and so the work, are the same in every run)."""
     out = _fresh("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python,
-                 "-c", code, url, capture=True).stderr
+                 "-c", code, url, capture=True, env={"PYTHONHASHSEED": "0"}).stderr
     refs = [line for line in out.splitlines() if "refs:" in line]
     if not refs:
         raise SystemExit(f"no instruction count in valgrind's output:\n{out}")
     return int(refs[-1].split()[-1].replace(",", ""))
 
 
-def count(python: str, url: str) -> None:
+def count(python: str, url: str, otel: bool) -> None:
     once(python, RAW, url), once(python, SIGNALS, url)  # warm the file cache
     counts = {name: instructions(python, code, url) for name, code in
               (("raw", RAW), ("raw + anyio", RAW_ANYIO), ("signals", SIGNALS))}
-    print(f"instructions of one fresh process ({python}):")
+    print(f"instructions of one fresh process ({python}; the OpenTelemetry SDK "
+          f"{'is' if otel else 'is not'} installed there):")
     for name, n in counts.items():
         print(f"  {name:12s} {n / 1e6:7.1f} M  x{n / counts['raw']:.2f} of raw")
     print("goal: signals <= 1.3x raw")
@@ -142,7 +145,7 @@ def main() -> None:
         if shutil.which("valgrind") is None:
             raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
         with redis_url(args.redis_url) as url:
-            count(python, url)
+            count(python, url, otel.returncode == 0)
         return
     times: dict[str, list[float]] = {"raw": [], "signals": []}
     imports: dict[str, list[float]] = {"raw": [], "signals": []}

@@ -193,3 +193,44 @@ async def test_a_follower_of_many_threads_sees_another_process_write_to_any(
     finally:
         await db.aclose()
         await other_db.aclose()
+
+
+async def test_a_second_reader_of_a_thread_misses_no_part_written_during_its_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two readers follow one thread in one process. While the second one's read is on its way
+    (it finds nothing), another process writes a part and a poll sees it: the second reader
+    gets the part too, not only the first (it waits from before it reads)."""
+    path = tmp_path / "signals.db"
+    db, other_db = SQLiteDatabase(path), SQLiteDatabase(path)
+    core, other = SQLCore(db, follow_poll_ms=10), SQLCore(other_db)
+    start = (await core.emit("t", [PartIn("part", "r/1", None, "0")]))[0]
+    got: dict[str, list[Any]] = {}
+    try:
+        async with core.follower() as follower:
+            read = core.stream_read
+            slowed: list[None] = []
+
+            async def read_then_write(thread_key: str, **kwargs: Any) -> Any:
+                parts = await read(thread_key, **kwargs)
+                if len(follower.waiting.get("t", ())) and not slowed and "second" in got:
+                    slowed.append(None)
+                    await other.emit("t", [PartIn("part", "r/1", None, "1")])
+                    await anyio.sleep(0.1)  # polls see it and ring the waiters
+                return parts
+
+            monkeypatch.setattr(core, "stream_read", read_then_write)
+
+            async def reader(name: str) -> None:
+                got[name] = []
+                got[name] = [p.data for p in await follower.wait("t", start)]
+
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(reader, "first")
+                    await anyio.sleep(0.1)  # it waits
+                    tg.start_soon(reader, "second")
+            assert got == {"first": [1], "second": [1]}
+    finally:
+        await db.aclose()
+        await other_db.aclose()
