@@ -34,18 +34,12 @@ import anyio
 import anyio.lowlevel
 import redis.asyncio
 
+from bench._raw import read_arrivals, until
 from bench._server import redis_url
 from pubsub import RedisStreamsPubSub
 from signals import RedisSignalStore, Run, Signal, SignalRuntime
 
 _SENDER_ARG = 18  # the sender's runtime id among a route's arguments (see RedisFused.route)
-
-
-async def until(done: dict[str, int], key: str) -> int:
-    with anyio.fail_after(10):
-        while key not in done:  # (filled by another task)
-            await anyio.lowlevel.checkpoint()
-    return done[key]
 
 
 async def measure(url: str, samples: int) -> dict[str, list[float]]:
@@ -71,16 +65,6 @@ async def measure(url: str, samples: int) -> dict[str, list[float]]:
     client, reader = redis.asyncio.Redis.from_url(url), redis.asyncio.Redis.from_url(url)
     subscriber = redis.asyncio.Redis.from_url(url)
     listener = subscriber.pubsub()
-
-    async def raw_reader() -> None:
-        last = "$"
-        while True:
-            reply: Any = await reader.xread({stream: last}, block=1000, count=10)
-            now = time.perf_counter_ns()
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    raw_arrived[fields[b"i"].decode()] = now
-                    last = entry_id
 
     async def notices() -> None:
         while True:
@@ -112,7 +96,7 @@ async def measure(url: str, samples: int) -> dict[str, list[float]]:
                 await script(keys=keys, args=argv)
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(raw_reader)
+                tg.start_soon(read_arrivals, reader, stream, raw_arrived)
                 tg.start_soon(notices)
                 await anyio.sleep(0.2)
                 for i in range(samples):

@@ -24,6 +24,7 @@ Parts (each prints its figures; all against the same redis-server, started here 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import resource
 import sys
@@ -39,6 +40,7 @@ import anyio.lowlevel
 import redis.asyncio
 import structlog
 
+from bench._raw import read_arrivals, until
 from bench._server import redis_url
 from leases import LeaseHeartbeat, RedisLeaseProvider
 from pubsub import RedisStreamsPubSub
@@ -170,22 +172,6 @@ async def latency_part(url: str, k: int, samples: int) -> dict[str, Any]:
 
     stream = f"{prefix}:raw"
 
-    async def raw_reader(reader: redis.asyncio.Redis) -> None:
-        last = "$"
-        while True:
-            reply: Any = await reader.xread({stream: last}, block=1000, count=10)
-            now = time.monotonic_ns()
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    raw_arrived[fields[b"i"].decode()] = now
-                    last = entry_id
-
-    async def until(done: dict[str, int], key: str) -> int:
-        with anyio.fail_after(10):
-            while key not in done:
-                await anyio.lowlevel.checkpoint()
-        return done[key]
-
     lat: list[float] = []
     raw: list[float] = []
     client = redis.asyncio.Redis.from_url(url)
@@ -197,7 +183,8 @@ async def latency_part(url: str, k: int, samples: int) -> dict[str, Any]:
             await worker.send(f"busy-{n}", n)
         await worker.send("probe", "hello")
         async with anyio.create_task_group() as tg:
-            tg.start_soon(raw_reader, reader)
+            tg.start_soon(functools.partial(read_arrivals, reader, stream, raw_arrived,
+                                            clock=time.monotonic_ns))
             await anyio.sleep(0.2)
             for i in range(samples):
                 await anyio.sleep(0.002)
