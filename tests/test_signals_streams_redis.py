@@ -214,6 +214,28 @@ async def test_a_follower_waiter_from_an_older_cursor_misses_nothing(
         await store.aclose()
 
 
+async def _follow_part_by_part(store: Any, follower: Any, cursor: str,
+                               payloads: list[str]) -> list[Any]:
+    """For each payload: a reader waits on thread ``t`` from the last cursor it got, then the
+    payload is appended; the data the reader got, in order."""
+    from signals.kit import PartIn
+
+    got: list[Any] = []
+    for payload in payloads:
+        async with anyio.create_task_group() as tg:
+
+            async def read(after: str = cursor) -> None:
+                nonlocal cursor
+                parts = await follower.wait("t", after)
+                got.extend(p.data for p in parts)
+                cursor = parts[-1].cursor
+
+            tg.start_soon(read)
+            await anyio.sleep(0.01)  # the reader waits
+            await store.emit("t", [PartIn("part", "r/1", None, payload)])
+    return got
+
+
 async def test_a_followed_part_comes_with_its_announcement(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -247,19 +269,8 @@ async def test_a_followed_part_comes_with_its_announcement(
                 return int(info.get("cmdstat_xread", {}).get("calls", 0))
 
             before = await xreads()
-            got: list[Any] = []
-            for i in range(1, n + 1):
-                async with anyio.create_task_group() as tg:
-
-                    async def read(after: str = cursor) -> None:
-                        nonlocal cursor
-                        parts = await follower.wait("t", after)
-                        got.extend(p.data for p in parts)
-                        cursor = parts[-1].cursor
-
-                    tg.start_soon(read)
-                    await anyio.sleep(0.01)  # the reader waits
-                    await store.emit("t", [PartIn("part", "r/1", None, str(i))])
+            got = await _follow_part_by_part(store, follower, cursor,
+                                             [str(i) for i in range(1, n + 1)])
             blocking = await xreads() - before
         assert got == list(range(1, n + 1))
         # The first wait reads once (the stream's end is not known yet); then every part comes
@@ -285,19 +296,7 @@ async def test_a_big_part_is_announced_by_its_id_and_read(
     try:
         async with store.follower() as follower:
             cursor = (await store.emit("t", [PartIn("part", "r/1", None, "0")]))[0]
-            got: list[Any] = []
-            for data in ("1", big, "2", big, "3"):
-                async with anyio.create_task_group() as tg:
-
-                    async def read(after: str = cursor) -> None:
-                        nonlocal cursor
-                        parts = await follower.wait("t", after)
-                        got.extend(p.data for p in parts)
-                        cursor = parts[-1].cursor
-
-                    tg.start_soon(read)
-                    await anyio.sleep(0.01)
-                    await store.emit("t", [PartIn("part", "r/1", None, data)])
+            got = await _follow_part_by_part(store, follower, cursor, ["1", big, "2", big, "3"])
         assert got == [1, json.loads(big), 2, json.loads(big), 3]
     finally:
         await store.aclose()
