@@ -11,6 +11,10 @@ Measured side by side in one run, in interleaved rounds (A, B, B, A, ...), on th
   waiting at once), then one part appended to each thread: the Redis connections the process
   holds (before and while following; the design claim is O(1), not one per reader) and the
   time until every reader has its part.
+* **Re-homing**: then, with every reader waiting for its next part, the follower's pub/sub
+  connection is killed (``CLIENT KILL TYPE pubsub``) and one more part is appended to each
+  thread (their announcements are lost with the connection): the time from the kill until
+  every reader has that part.
 
 Starts its own ``redis-server`` unless ``--redis-url``.
 
@@ -157,18 +161,21 @@ async def fanout(url: str, followers: int) -> None:
     prefix = f"bench-fanout-{uuid.uuid4().hex[:8]}"
     threads = [f"f-{i}" for i in range(followers)]
     got: dict[str, float] = {}
-    everyone = anyio.Event()
+    again: dict[str, float] = {}
+    everyone, everyone_again = anyio.Event(), anyio.Event()
     base, _ = await connections(url)
     async with RedisStreamsPubSub(url=url, key_prefix=prefix) as pubsub, \
             SignalRuntime(pubsub=pubsub, agent=None) as reader:
         idle = (await connections(url))[0] - base
 
         async def follow(thread: str) -> None:
-            async for _part in reader.stream(thread):
-                got[thread] = time.perf_counter()
-                if len(got) == followers:
-                    everyone.set()
-                return
+            async for part in reader.stream(thread):
+                into = got if part.data == 1 else again
+                into[thread] = time.perf_counter()
+                if len(into) == followers:
+                    (everyone if part.data == 1 else everyone_again).set()
+                if part.data == 2:
+                    return
 
         writer = RedisSignalStore(url=url, key_prefix=f"{prefix}:signals")
         try:
@@ -178,32 +185,50 @@ async def fanout(url: str, followers: int) -> None:
                 await anyio.sleep(2.0)  # every follower waits
                 following, subscribed = await connections(url)
                 following -= base  # the writer has not connected yet
-                start = time.perf_counter()
-                for thread in threads:
-                    await writer.emit(thread, [PartIn("part", "bench/1", None, json.dumps(1))])
-                wrote = time.perf_counter() - start
-                with anyio.fail_after(60):
-                    await everyone.wait()
+
+                async def write_each(value: int, done: anyio.Event,
+                                     seen: dict[str, float], start: float) -> tuple[float, float]:
+                    """One part to each thread; (written, the last follower had it) from
+                    ``start``."""
+                    for thread in threads:
+                        await writer.emit(thread, [PartIn("part", "bench/1", None,
+                                                          json.dumps(value))])
+                    wrote = time.perf_counter() - start
+                    with anyio.fail_after(120):
+                        await done.wait()
+                    return wrote, max(seen.values()) - start
+
+                wrote, last = await write_each(1, everyone, got, time.perf_counter())
+                await anyio.sleep(1.0)  # every follower waits for its second part
+                admin = redis.asyncio.Redis.from_url(url)
+                kill = time.perf_counter()
+                await admin.client_kill_filter(_type="pubsub")
+                await admin.aclose()
+                rewrote, rehomed = await write_each(2, everyone_again, again, kill)
         finally:
             await writer.aclose()
-        last = max(got.values()) - start
     print(f"fan-out, {followers} followers on {followers} threads in one process:")
     print(f"  connections: {idle} with the runtime idle, {following} with every follower "
           f"waiting, of which {subscribed} on pub/sub (the follower's; the pool holds at most "
           f"max_connections=32 besides)")
     print(f"  one part to each thread: written in {wrote * 1e3:.0f} ms, the last follower "
           f"had its part {last * 1e3:.0f} ms after the first write")
+    print(f"  the follower's pub/sub connection killed, then one more part to each thread "
+          f"(written in {rewrote * 1e3:.0f} ms from the kill): the last follower had it "
+          f"{rehomed * 1e3:.0f} ms after the kill, {(rehomed - rewrote) * 1e3:.0f} ms after "
+          f"the last write")
 
 
 async def main(url: str, rounds: int, parts: int, followers: int) -> None:
-    await latency(url, rounds, parts)
+    if rounds > 0:
+        await latency(url, rounds, parts)
     await fanout(url, followers)
 
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=None)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=4, help="latency rounds (0: none)")
     parser.add_argument("--parts", type=int, default=300, help="parts per round")
     parser.add_argument("--followers", type=int, default=1000)
     args = parser.parse_args()

@@ -395,9 +395,9 @@ async def test_a_reader_back_as_its_stream_is_dropped_is_followed_again_at_once(
 async def test_a_reader_back_during_a_sweep_keeps_its_stream_followed(
     redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The follower drops idle streams one after the other; a reader that comes back for one
-    of them while an earlier one is being dropped keeps it followed and gets the next part.
-    (The reader is started from inside the first drop: the interleaving on purpose.)"""
+    """The follower drops idle streams; a reader that comes back for one of them while they
+    are being dropped keeps it followed and gets the next part. (The reader is started from
+    inside the first drop: the interleaving on purpose.)"""
     import signals._backends.redis.follower as follower_module
     from signals import RedisSignalStore
     from signals.kit import PartIn
@@ -498,3 +498,87 @@ async def test_a_connection_lost_during_a_read_leaves_no_gap_for_the_next_reader
     finally:
         await admin.aclose()
         await store.aclose()
+
+
+async def test_a_lost_connection_re_homes_many_streams_in_one_go(
+    target: tuple[str, bool], key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """60 readers wait on 60 streams; the follower's pub/sub connections are killed and a part
+    is appended to each stream before it follows them again. Every reader gets its part, and
+    the follower subscribed to the 60 channels again in commands sent back to back (one on a
+    single Redis; one per slot on a Cluster) and read what they missed in one pipeline: not a
+    subscription and a read in turn for each stream."""
+    import redis.asyncio
+
+    import signals._backends.redis.follower as module
+    from signals import RedisSignalStore
+    from signals.kit import PartIn
+
+    url, cluster = target
+    store = RedisSignalStore(url=url, key_prefix=key_prefix, cluster=cluster)
+    threads = [f"t{i}" for i in range(60)]
+    got: dict[str, list[Any]] = {}
+    commands: list[tuple[str, int]] = []
+    nodes: list[str] = []
+    pipelines: list[None] = []
+    reads: list[str] = []
+    try:
+        async with store.follower() as follower:
+            heads = {t: (await store.emit(t, [PartIn("part", "r/1", None, "0")]))[0]
+                     for t in threads}
+            rehome, written = follower._rehome, anyio.Event()
+
+            async def rehome_once_written(lost: list[str]) -> None:
+                await written.wait()
+                await rehome(lost)
+
+            monkeypatch.setattr(follower, "_rehome", rehome_once_written)
+
+            async def read(thread: str) -> None:
+                got[thread] = [p.data for p in await follower.wait(thread, heads[thread])]
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for thread in threads:
+                        tg.start_soon(read, thread)
+                    while len(follower._node_of) < len(threads):  # noqa: ASYNC110
+                        await anyio.sleep(0.01)  # every stream followed
+                    nodes[:] = follower._nodes  # one on a single Redis, each master's
+                    for name in nodes:
+                        admin = redis.asyncio.Redis.from_url(
+                            url if name == "redis" else f"redis://{name}")
+                        await admin.client_kill_filter(_type="pubsub")
+                        await admin.aclose()
+                    while follower._node_of:  # noqa: ASYNC110
+                        await anyio.sleep(0.01)  # the loss is noticed
+                    for thread in threads:  # announced to nobody
+                        await store.emit(thread, [PartIn("part", "r/1", None, "1")])
+
+                    send, pipeline, read_one = (module._channel_command,
+                                                follower._client.pipeline, follower._read)
+
+                    async def counted_send(pubsub: Any, command: str, *channels: str) -> None:
+                        commands.append((command, len(channels)))
+                        await send(pubsub, command, *channels)
+
+                    async def counted_read(thread: str, after: str) -> Any:
+                        reads.append(thread)
+                        return await read_one(thread, after)
+
+                    def counted_pipeline(**kwargs: Any) -> Any:
+                        pipelines.append(None)
+                        return pipeline(**kwargs)
+
+                    monkeypatch.setattr(module, "_channel_command", counted_send)
+                    monkeypatch.setattr(follower._client, "pipeline", counted_pipeline)
+                    monkeypatch.setattr(follower, "_read", counted_read)
+                    written.set()
+    finally:
+        await store.aclose()
+    assert got == {t: [1] for t in threads}
+    subscribes = [n for command, n in commands if command.endswith("SUBSCRIBE")
+                  and "UN" not in command]
+    assert sum(subscribes) == len(threads)
+    if not cluster:
+        assert subscribes == [len(threads)]
+    assert (len(pipelines), reads) == (len(nodes), [])  # one re-homing per node lost

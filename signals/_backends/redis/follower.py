@@ -20,8 +20,9 @@ number of streams followed.
   again for the next part does not pay two more round trips) and is then dropped.
 * A broken connection (Redis restarted, a Cluster node died or failed over) or a channel the
   node gave up (its slot moved) re-homes the affected streams: on a Cluster the slot map is
-  fetched again; each stream is subscribed again and its waiters read what they may have
-  missed.
+  fetched again; the streams are subscribed again (commands sent back to back: one per node,
+  one per slot on a Cluster, at most ``_BATCH`` channels each) and their waiters read what they
+  may have missed (one pipeline per ``_BATCH`` streams), not a round trip or two per stream.
 """
 
 from __future__ import annotations
@@ -61,18 +62,19 @@ _LINGER_S = 5.0
 _TICK_S = 1.0
 _CONFIRM_S = 5.0
 _COUNT = 100
+_BATCH = 500  # streams per (un)subscribe command and per pipeline of catch-up reads
 _FAILURES: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendError)
 
 
-async def _channel_command(pubsub: Any, command: str, channel: str) -> None:
-    """``(UN)SUBSCRIBE`` or ``S(UN)SUBSCRIBE`` one channel. redis-py before 8.0 has no
-    ``PubSub.ssubscribe``; sent raw, its replies and messages still come back from
-    ``get_message`` as dicts typed ``ssubscribe``, ``smessage`` and ``sunsubscribe``."""
+async def _channel_command(pubsub: Any, command: str, *channels: str) -> None:
+    """``(UN)SUBSCRIBE`` or ``S(UN)SUBSCRIBE`` ``channels`` (on a Cluster, of one slot). redis-py
+    before 8.0 has no ``PubSub.ssubscribe``; sent raw, its replies and messages still come back
+    from ``get_message`` as dicts typed ``ssubscribe``, ``smessage`` and ``sunsubscribe``."""
     method = getattr(pubsub, command.lower(), None)
     if method is not None:
-        await method(channel)
+        await method(*channels)
     else:
-        await pubsub.execute_command(command, channel)
+        await pubsub.execute_command(command, *channels)
 
 
 @dataclass(eq=False)
@@ -165,19 +167,36 @@ class RedisFollower:
             )
         return [decode_part(thread_key, raw_id, flat) for raw_id, flat in rows]
 
-    async def _catch_up(self, thread_key: str) -> None:
-        """Read the parts after the lowest cursor any waiter of ``thread_key`` holds and hand
-        each waiter the ones past its own cursor."""
-        waiters = list(self._waiters.get(thread_key, []))
-        if not waiters:
-            return
-        lowest = min((w.resume_at for w in waiters), key=stream_id)  # woken: from its last part
-        parts = await self._read(thread_key, lowest)
-        for waiter in waiters:
-            mine = [p for p in parts if stream_id(p.cursor) > stream_id(waiter.after)]
-            if mine and not waiter.event.is_set():
-                waiter.parts = mine
-                waiter.event.set()
+    async def _read_many(self, reads: list[tuple[str, str]]) -> list[list[StreamPart]]:
+        """:meth:`_read` of each ``(thread, after)``: one pipeline per ``_BATCH`` streams."""
+        if len(reads) == 1:
+            return [await self._read(*reads[0])]
+        out: list[list[StreamPart]] = []
+        for start in range(0, len(reads), _BATCH):
+            chunk = reads[start:start + _BATCH]
+            pipe = self._client.pipeline(transaction=False)
+            for thread_key, after in chunk:
+                pipe.xrange(self._keys.thread(thread_key, "stream"), f"({after}", "+",
+                            count=_COUNT)
+            with map_errors("stream read"):
+                replies: Any = await pipe.execute()
+            out += [[decode_part(thread_key, raw_id, flat) for raw_id, flat in rows]
+                    for (thread_key, _), rows in zip(chunk, replies, strict=True)]
+        return out
+
+    async def _catch_up(self, *thread_keys: str) -> None:
+        """For each of ``thread_keys``, read the parts after the lowest cursor any of its
+        waiters holds and hand each waiter the ones past its own cursor (many threads: one
+        pipelined round trip per ``_BATCH``)."""
+        todo = [(t, list(self._waiters[t])) for t in thread_keys if self._waiters.get(t)]
+        reads = [(t, min((w.resume_at for w in waiters), key=stream_id))  # woken: from its
+                 for t, waiters in todo]                                    # last part
+        for (_, waiters), parts in zip(todo, await self._read_many(reads), strict=True):
+            for waiter in waiters:
+                mine = [p for p in parts if stream_id(p.cursor) > stream_id(waiter.after)]
+                if mine and not waiter.event.is_set():
+                    waiter.parts = mine
+                    waiter.event.set()
 
     async def _on_announcement(self, thread_key: str, note: Any) -> None:
         """Hand an announced part to the waiters right behind it; the others read."""
@@ -220,37 +239,68 @@ class RedisFollower:
             self._tg.start_soon(self._listen, node, name=f"follower {name}")
         return node
 
-    async def _subscribe(self, thread_key: str) -> None:
-        """Subscribe to the channel of ``thread_key``'s stream on the node serving it, and
-        return once the node confirmed (a read before that could miss an announcement)."""
-        if thread_key in self._node_of:
-            return
-        channel = self._keys.thread(thread_key, "stream")
-        confirmed = self._confirming.get(channel)
-        if confirmed is None:
-            confirmed = self._confirming[channel] = anyio.Event()
-            node = None
-            try:
-                with map_errors("stream follow"):
-                    node = await self._node_for(channel)
-                    self._thread_of[channel] = thread_key
-                    node.channels.add(channel)
+    def _commands(self, channels: Iterable[str]) -> list[list[str]]:
+        """``channels`` (of one node) split into (un)subscribe commands: at most ``_BATCH`` in
+        one, and on a Cluster one slot per command (sharded pub/sub refuses more)."""
+        slots: dict[int, list[str]] = {}
+        for channel in channels:
+            slots.setdefault(self._client.keyslot(channel) if self._cluster else 0,
+                             []).append(channel)
+        return [group[start:start + _BATCH]
+                for group in slots.values() for start in range(0, len(group), _BATCH)]
+
+    async def _by_node(self, channels: list[str]) -> list[tuple[_Node, list[str]]]:
+        """``channels`` grouped into subscribe commands for the nodes serving them."""
+        nodes: dict[str, tuple[_Node, list[str]]] = {}
+        for channel in channels:
+            node = await self._node_for(channel)
+            nodes.setdefault(node.name, (node, []))[1].append(channel)
+        return [(node, command) for node, group in nodes.values()
+                for command in self._commands(group)]
+
+    async def _subscribe(self, *thread_keys: str) -> None:
+        """Subscribe to the channels of ``thread_keys``' streams on the nodes serving them, and
+        return once the nodes confirmed (a read before that could miss an announcement). The
+        commands go out back to back: many threads cost one round trip, not one each."""
+        waiting: list[tuple[str, str, anyio.Event]] = []
+        fresh: dict[str, str] = {}  # channel -> thread, for the channels this call subscribes
+        for thread_key in thread_keys:
+            if thread_key in self._node_of:
+                continue
+            channel = self._keys.thread(thread_key, "stream")
+            confirmed = self._confirming.get(channel)
+            if confirmed is None:
+                confirmed = self._confirming[channel] = anyio.Event()
+                fresh[channel] = thread_key
+            waiting.append((thread_key, channel, confirmed))
+        unsent, node = set(fresh), None
+        try:
+            with map_errors("stream follow"):
+                for node, channels in await self._by_node(list(fresh)):
+                    self._thread_of.update((channel, fresh[channel]) for channel in channels)
+                    node.channels.update(channels)
                     async with node.lock:
                         with anyio.CancelScope(shield=True):  # a cut write: a new connection
                             await _channel_command(node.pubsub, f"{self._shard}SUBSCRIBE",
-                                                   channel)
-                    node.wake.set()  # the listener reads the confirmation
-            except BaseException as exc:
-                self._confirming.pop(channel, None)
-                confirmed.set()
-                if node is not None and isinstance(exc, Exception):
-                    await self._lose(node, exc)
-                raise
+                                                   *channels)
+                    unsent.difference_update(channels)
+                    node.wake.set()  # the listener reads the confirmations
+        except BaseException as exc:
+            for channel in unsent:  # (a channel sent is confirmed by its node, or lost with it)
+                confirmed = self._confirming.pop(channel, None)
+                if confirmed is not None:
+                    confirmed.set()
+            if node is not None and isinstance(exc, Exception):
+                await self._lose(node, exc)
+            raise
         with anyio.move_on_after(_CONFIRM_S):
-            await confirmed.wait()
-        if thread_key not in self._node_of:
+            for _, _, confirmed in waiting:
+                await confirmed.wait()
+        missing = [channel for thread_key, channel, _ in waiting if thread_key not in self._node_of]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise BackendUnavailableError(
-                f"Redis did not confirm the subscription to {channel!r}"
+                f"Redis did not confirm the subscription to {missing[0]!r}{more}"
             )
 
     def _forget(self, node: _Node, channels: Iterable[str]) -> list[str]:
@@ -346,19 +396,23 @@ class RedisFollower:
     async def _sweep(self, node: _Node) -> None:
         """Unsubscribe from channels nobody has waited on for ``_LINGER_S``."""
         horizon = time.monotonic() - _LINGER_S
-        idle = [c for c in node.channels
-                if self._thread_of.get(c) not in self._waiters
-                and self._idle_since.get(self._thread_of.get(c, ""), 0.0) < horizon]
-        for channel in idle:
-            thread = self._thread_of.get(channel)
-            if channel not in node.channels or thread in self._waiters or \
-                    self._idle_since.get(thread or "", 0.0) >= horizon:
-                continue  # a reader came back while an earlier channel was dropped
-            self._idle_since.pop(thread or "", None)
-            self._forget(node, [channel])
-            node.leaving[channel] += 1  # (a waiter may subscribe again before the reply)
+
+        def idle(channel: str) -> bool:
+            thread = self._thread_of.get(channel, "")
+            return channel in node.channels and thread not in self._waiters and \
+                self._idle_since.get(thread, 0.0) < horizon
+
+        for command in self._commands(filter(idle, list(node.channels))):
             async with node.lock:
-                await _channel_command(node.pubsub, f"{self._shard}UNSUBSCRIBE", channel)
+                # Checked again: a reader may have come back while an earlier command was sent.
+                leaving = [c for c in command if idle(c)]
+                if not leaving:
+                    continue
+                for channel in leaving:
+                    self._idle_since.pop(self._thread_of.get(channel, ""), None)
+                    node.leaving[channel] += 1  # (a waiter may subscribe again before the reply)
+                self._forget(node, leaving)
+                await _channel_command(node.pubsub, f"{self._shard}UNSUBSCRIBE", *leaving)
 
     async def _rehome(self, threads: list[str]) -> None:
         """Subscribe ``threads`` (those somebody still waits on) where they are served now,
@@ -372,10 +426,8 @@ class RedisFollower:
                 return
             try:
                 await refresh_slots(self._client)
-                while pending:
-                    await self._subscribe(pending[0])  # (nothing to do if subscribed)
-                    await self._catch_up(pending[0])
-                    pending.pop(0)
+                await self._subscribe(*pending)  # (nothing to do for those subscribed)
+                await self._catch_up(*pending)
                 return
             except _FAILURES as exc:
                 self._log.warning("signals.follower_rehome_failed", error=repr(exc),
