@@ -157,7 +157,7 @@ async def connections(url: str) -> tuple[int, int]:
         await client.aclose()
 
 
-async def fanout(url: str, followers: int) -> None:
+async def fanout(url: str, followers: int, pad: int) -> None:
     prefix = f"bench-fanout-{uuid.uuid4().hex[:8]}"
     threads = [f"f-{i}" for i in range(followers)]
     got: dict[str, float] = {}
@@ -170,11 +170,12 @@ async def fanout(url: str, followers: int) -> None:
 
         async def follow(thread: str) -> None:
             async for part in reader.stream(thread):
-                into = got if part.data == 1 else again
+                n = part.data["n"]
+                into = got if n == 1 else again
                 into[thread] = time.perf_counter()
                 if len(into) == followers:
-                    (everyone if part.data == 1 else everyone_again).set()
-                if part.data == 2:
+                    (everyone if n == 1 else everyone_again).set()
+                if n == 2:
                     return
 
         writer = RedisSignalStore(url=url, key_prefix=f"{prefix}:signals")
@@ -190,9 +191,9 @@ async def fanout(url: str, followers: int) -> None:
                                      seen: dict[str, float], start: float) -> tuple[float, float]:
                     """One part to each thread; (written, the last follower had it) from
                     ``start``."""
+                    data = json.dumps({"n": value, "pad": "x" * pad})
                     for thread in threads:
-                        await writer.emit(thread, [PartIn("part", "bench/1", None,
-                                                          json.dumps(value))])
+                        await writer.emit(thread, [PartIn("part", "bench/1", None, data)])
                     wrote = time.perf_counter() - start
                     with anyio.fail_after(120):
                         await done.wait()
@@ -207,7 +208,8 @@ async def fanout(url: str, followers: int) -> None:
                 rewrote, rehomed = await write_each(2, everyone_again, again, kill)
         finally:
             await writer.aclose()
-    print(f"fan-out, {followers} followers on {followers} threads in one process:")
+    print(f"fan-out, {followers} followers on {followers} threads in one process, parts of "
+          f"{pad + 20} bytes:")
     print(f"  connections: {idle} with the runtime idle, {following} with every follower "
           f"waiting, of which {subscribed} on pub/sub (the follower's; the pool holds at most "
           f"max_connections=32 besides)")
@@ -219,10 +221,10 @@ async def fanout(url: str, followers: int) -> None:
           f"the last write")
 
 
-async def main(url: str, rounds: int, parts: int, followers: int) -> None:
+async def main(url: str, rounds: int, parts: int, followers: int, pad: int) -> None:
     if rounds > 0:
         await latency(url, rounds, parts)
-    await fanout(url, followers)
+    await fanout(url, followers, pad)
 
 
 def cli() -> None:
@@ -231,11 +233,15 @@ def cli() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="latency rounds (0: none)")
     parser.add_argument("--parts", type=int, default=300, help="parts per round")
     parser.add_argument("--followers", type=int, default=1000)
+    parser.add_argument("--pad", type=int, default=0,
+                        help="fan-out parts padded to this many bytes (over 4096: announced "
+                             "by their id and read)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with redis_url(args.redis_url) as url:
         print(f"redis: {url}; {args.rounds} interleaved rounds of {args.parts} parts")
-        anyio.run(main, url, args.rounds, args.parts, args.followers, backend="asyncio")
+        anyio.run(main, url, args.rounds, args.parts, args.followers, args.pad,
+                  backend="asyncio")
 
 
 if __name__ == "__main__":
