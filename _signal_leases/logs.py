@@ -12,7 +12,9 @@ itself:
   to stderr); ``logging.basicConfig(level=logging.INFO)`` shows every event. The message is
   ``<event> key=value ...``, and the record carries the whole event as ``record.event_dict``.
 
-A disabled level costs one ``isEnabledFor`` check: nothing is formatted. Under structlog, each
+A disabled level costs one ``isEnabledFor`` check: nothing is formatted (under structlog, the
+bound logger's ``is_enabled_for`` when it has one, as structlog's filtering and stdlib loggers
+do: the event is not built). Under structlog, each
 layer's structlog logger is built once per configuration (structlog's own global one; a new
 ``structlog.configure`` is followed at the next event), not once per event. structlog is never
 imported here: an application that configured it has imported it (a serverless sender that did
@@ -47,9 +49,10 @@ class Logger:
     def _emit(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
         structlog = sys.modules.get("structlog")  # configured only if the application did
         if structlog is not None and structlog.is_configured():
-            getattr(_structlog_logger(structlog, self._name), method)(
-                event, **self._context, **fields
-            )
+            bound = _structlog_logger(structlog, self._name)
+            enabled = getattr(bound, "is_enabled_for", None)  # (filtering and stdlib loggers)
+            if enabled is None or enabled(level):
+                getattr(bound, method)(event, **self._context, **fields)
             return
         stdlib = logging.getLogger(self._name)
         if not stdlib.isEnabledFor(level):
@@ -84,8 +87,10 @@ def _structlog_logger(structlog: Any, name: str) -> Any:
     key = (config["processors"], config["wrapper_class"], config["logger_factory"],
            config["context_class"])
     cached = _BOUND.get(name)
-    if cached is not None and all(a is b for a, b in zip(cached[0], key, strict=True)):
-        return cached[1]
+    if cached is not None:
+        old = cached[0]
+        if old[0] is key[0] and old[1] is key[1] and old[2] is key[2] and old[3] is key[3]:
+            return cached[1]
     bound = structlog.get_logger(name).bind()
     _BOUND[name] = (key, bound)
     return bound

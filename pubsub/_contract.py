@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeAlias, runtime_checkable
 
+from _signal_leases.encoding import compact_json, random_id
 from _signal_leases.validation import check_str
 
 __all__ = [
@@ -38,7 +38,7 @@ DEFAULT_MAX_DELIVERY_ATTEMPTS = 5
 def check_json(data: object, what: str = "event data") -> str:
     """Serialise ``data`` to JSON or raise ``TypeError`` naming what could not be encoded."""
     try:
-        return json.dumps(data, allow_nan=False, separators=(",", ":"))
+        return compact_json(data)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be JSON-serialisable: {exc}") from None
 
@@ -54,7 +54,7 @@ class Event:
 
     type: str
     data: JSONValue = None
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=random_id)
     created_at: float = field(default_factory=time.time)
     delivery_attempt: int = 1
 

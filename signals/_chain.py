@@ -9,7 +9,6 @@ listener: no polling, no subscription, no timer of its own.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import anyio
 
 from _signal_leases.aio import loop_time, retry_unavailable, unix_now
+from _signal_leases.encoding import compact_json
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import check_identifier, check_optional_int
 from signals._doorbell import Doorbell
@@ -309,7 +309,7 @@ class Chain:
     async def _part(self, run: Run, kind: str, data: dict[str, Any]) -> None:
         """Write a lifecycle part (best effort, bounded: a lifecycle part never holds up a
         run, and one that cannot be written is logged)."""
-        part = PartIn(kind, run.run_id, None, json.dumps(data, separators=(",", ":")))
+        part = PartIn(kind, run.run_id, None, compact_json(data))
         with anyio.move_on_after(1, shield=True):
             try:
                 await self.settings.store.emit(self.thread_key, [part])

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from _signal_leases.encoding import compact_json, random_id
 from _signal_leases.errors import SignalTooLargeError
 from _signal_leases.validation import (
     check_choice,
@@ -68,7 +67,7 @@ def encode_json(value: Any, what: str, limit: int | None = None) -> str:
     :class:`SignalTooLargeError` if the encoding is longer than ``limit`` bytes."""
     try:
         # ASCII output: any str (lone surrogates included) round-trips through Redis and back.
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        encoded = compact_json(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be JSON-serialisable: {exc}") from None
     if limit is not None and len(encoded) > limit:
@@ -110,7 +109,7 @@ class Signal:
 
     payload: Any = None
     type: str = "user"
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=random_id)
     created_at: float = field(default_factory=time.time)
     priority: int = 0
     lane: str | None = None
@@ -155,7 +154,7 @@ class Signal:
         # Encoded once, here: a payload that is not JSON is a TypeError now, not at send, and
         # the send stores this text (a large payload is not encoded twice).
         try:
-            encoded = json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+            encoded = compact_json(self.to_dict())
         except (TypeError, ValueError):
             encode_json(self.payload, "signal payload")  # names the payload when it is that
             encode_json(self.to_dict(), f"signal {self.id!r}")

@@ -195,13 +195,15 @@ async def test_an_interrupt_with_a_lane(pubsub: Any, merge: str) -> None:
 def test_a_signal_is_encoded_once_when_it_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
     """The JSON a send stores is built with the signal (a payload that is not JSON fails
     there, naming the payload), and only once: the send reuses it."""
-    dumps, calls = json.dumps, []
+    import signals._model
 
-    def counting(*args: Any, **kwargs: Any) -> str:
+    dumps, calls = signals._model.compact_json, []
+
+    def counting(value: Any) -> str:
         calls.append(1)
-        return dumps(*args, **kwargs)
+        return dumps(value)
 
-    monkeypatch.setattr(json, "dumps", counting)
+    monkeypatch.setattr(signals._model, "compact_json", counting)
     signal = Signal({"big": "x" * 1000}, id="s1")
     assert signal.encode() is signal.encode()
     assert len(calls) == 1, "a large payload was encoded more than once"

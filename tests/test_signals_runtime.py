@@ -692,6 +692,22 @@ def test_each_structlog_configuration_gets_the_library_s_events() -> None:
         stdlib.setLevel(logging.NOTSET)
     assert [r.getMessage() for r in records] == ["e key='t' n=4"]
     assert first == ["e t 1", "e t 2"] and second == ["e t 3"]
+    # A level check is asked each time: a stdlib logger's level may change between events.
+    third: list[str] = []
+    try:
+        structlog.configure(processors=[into(third)], wrapper_class=structlog.stdlib.BoundLogger,
+                            logger_factory=structlog.stdlib.LoggerFactory())
+        stdlib.setLevel(logging.WARNING)
+        log.info("e", n=5)
+        log.warning("e", n=6)
+        stdlib.setLevel(logging.INFO)
+        log.info("e", n=7)
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+        log.warning("e", n=8)
+    finally:
+        structlog.reset_defaults()
+        stdlib.setLevel(logging.NOTSET)
+    assert third == ["e t 6", "e t 7"]
 
 
 async def test_an_error_in_the_runtime_s_body_propagates_as_it_is() -> None:

@@ -165,6 +165,12 @@ class LeaseTable:
         remaining = max(1, math.ceil((expires_at - now) * 1000))
         return LeaseInfo(key, entry.owner, remaining, entry.token)
 
+    def holder(self, key: str, now: float) -> tuple[str, int] | None:
+        """``(owner, token)`` of the live lease, or ``None`` (:meth:`info` without the
+        snapshot: what the signal store asks on every routed signal)."""
+        entry = self._live(key, now)
+        return None if entry is None else (entry.owner, entry.token)
+
     def last_token(self, key: str) -> int:
         """The highest token ever granted for ``key`` (0 when never granted)."""
         return self._fence.get(key, 0)

@@ -43,7 +43,7 @@ class Engine(Rules):
         if owner is not None:
             carried = None
             if carry:
-                self._part(t, key, "signal.received", owner, e.sid, {"attempt": 1})
+                self._received(t, key, owner, e.sid, 1)
                 carried = entry_of(e)
             if run_runtime(owner) != sender:
                 outbox.add(run_runtime(owner), Notice("signal", key, owner, entry=carried))

@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from _signal_leases.encoding import compact_json
 from signals._model import EntryMode, Receipt, Signal
 from signals.kit._capabilities import (
     Notice,
@@ -78,10 +79,17 @@ class Rules:
 
     @staticmethod
     def _part(t: Tables, key: str, kind: str, run: str | None, sid: str | None,
-              data: object = None) -> None:
+              data: object = None, *, text: str | None = None) -> None:
+        """Append a lifecycle part: ``data`` encoded, or ``text`` (its JSON already)."""
         if t.streams:
-            text = None if data is None else json.dumps(data, separators=(",", ":"))
+            if data is not None:
+                text = compact_json(data)
             t.add_part(key, PartIn(kind, run or "", sid, text))
+
+    @staticmethod
+    def _received(t: Tables, key: str, run: str, sid: str, attempt: int) -> None:
+        """The ``signal.received`` part (once per hand-out: its JSON written directly)."""
+        Rules._part(t, key, "signal.received", run, sid, text=f'{{"attempt":{attempt:d}}}')
 
     def _set_receipt(self, t: Tables, key: str, sid: str, status: str, **fields: object) -> None:
         old = t.receipt(key, sid)
@@ -158,8 +166,8 @@ class Rules:
             t.delete(th.key, [e.seq])
             th.pending -= 1
             self._set_receipt(t, th.key, e.sid, "processed", run=run.run_id, result=a.result)
-            data = None if a.result is None else {"result": json.loads(a.result)}
-            self._part(t, th.key, "signal.acked", run.run_id, e.sid, data)
+            self._part(t, th.key, "signal.acked", run.run_id, e.sid,  # (result: its JSON)
+                       text=None if a.result is None else f'{{"result":{a.result}}}')
         if acks:
             self._emptied(t, th)
 
@@ -294,8 +302,7 @@ class Rules:
                     dead.append(e.sid)
                     continue
                 if e.state != "carried":
-                    self._part(t, key, "signal.received", run.run_id, e.sid,
-                               {"attempt": e.attempts})
+                    self._received(t, key, run.run_id, e.sid, e.attempts)
                 e.state, e.holder = "held", run.run_id
                 t.update(e)
                 out.append(e)

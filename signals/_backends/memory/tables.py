@@ -56,8 +56,8 @@ class _Leases:
         self._now = provider.clock()
 
     def live(self, key: str) -> tuple[str, int | None, str | None] | None:
-        info = self._table.info(key, self._now)
-        return None if info is None else (info.owner, info.token, None)
+        held = self._table.holder(key, self._now)
+        return None if held is None else (*held, None)
 
     def grant(self, key: str, owner: str, ttl_ms: int, session: str | None) -> int | None:
         got = self._table.acquire(key, owner, ttl_ms, self._now, session)
