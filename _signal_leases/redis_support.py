@@ -30,6 +30,7 @@ from _signal_leases.redis_pools import (
     DEFAULT_MAX_CONNECTIONS,
     WaitingConnectionPool,
     WaitingRedisCluster,
+    quick_writes,
 )
 from _signal_leases.validation import check_int, check_seconds, check_str
 
@@ -261,6 +262,7 @@ class RedisHandle:
             )
         except ValueError as exc:
             raise ValueError(f"url is not a valid Redis URL ({url!r}): {exc}") from None
+        pool.connection_class = quick_writes(pool.connection_class)  # (TCP, TLS or Unix)
         return redis.asyncio.Redis.from_pool(pool)
 
     def require_asyncio(self) -> None:

@@ -243,3 +243,50 @@ async def test_a_busy_pool_is_latency_never_an_error(anyio_backend: str, redis_u
             await anyio.sleep(0.1)
             assert len(got) == 2 and got[0] - released < 0.1  # woken by that release
         await pool.release(held.pop())
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("cluster", [False, pytest.param(True, marks=pytest.mark.cluster)])
+async def test_a_command_is_written_without_a_timer_unless_the_write_could_wait(
+    anyio_backend: str, cluster: bool, request: pytest.FixtureRequest, key_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py bounds each write with ``asyncio.wait_for`` (a task per command on Python
+    3.11). A client built from ``url`` writes a command that cannot wait (an empty transport
+    buffer, a command below its high-water mark) straight to the transport: no timer. A large
+    command still takes redis-py's path, its write timeout included; a plain redis-py client
+    (the control) pays the timer on every command."""
+    import redis.asyncio.connection as connection_module
+
+    url = request.getfixturevalue("cluster_url" if cluster else "redis_url")
+    timers: list[float] = []
+    wait_for = connection_module.asyncio.wait_for
+
+    async def counted(awaitable: Any, timeout: float | None) -> Any:
+        timers.append(timeout or 0.0)
+        return await wait_for(awaitable, timeout)
+
+    monkeypatch.setattr(connection_module.asyncio, "wait_for", counted)
+    async with RedisLeaseProvider(url=url, key_prefix=key_prefix, cluster=cluster,
+                                  socket_timeout=2) as provider:
+        for _ in range(2):  # the first connects (to each node) and loads the scripts
+            timers.clear()
+            for n in range(20):
+                assert (await provider.acquire_lease(f"k{n}", "o", 10_000)).acquired
+                await provider.release_lease(f"k{n}", "o")
+        assert timers == []
+        big = "x" * (1 << 17)  # over the transport's high-water mark (64 KiB)
+        await provider.client.set(f"{{{key_prefix}}}big", big)
+        assert timers == [2.0]
+        assert await provider.client.get(f"{{{key_prefix}}}big") == big.encode()
+        await provider.client.delete(f"{{{key_prefix}}}big")
+    if not cluster:
+        plain = redis.asyncio.Redis.from_url(url, socket_timeout=2)
+        try:
+            await plain.ping()  # connected
+            timers.clear()
+            for _ in range(5):
+                await plain.ping()
+            assert len(timers) == 5
+        finally:
+            await plain.aclose()
