@@ -256,17 +256,17 @@ async def test_a_command_is_written_without_a_timer_unless_the_write_could_wait(
     buffer, a command below its high-water mark) straight to the transport: no timer. A large
     command still takes redis-py's path, its write timeout included; a plain redis-py client
     (the control) pays the timer on every command."""
-    import redis.asyncio.connection as connection_module
+    import asyncio
 
     url = request.getfixturevalue("cluster_url" if cluster else "redis_url")
     timers: list[float] = []
-    wait_for = connection_module.asyncio.wait_for
+    wait_for = asyncio.wait_for  # (what redis-py's connections call: the module's attribute)
 
     async def counted(awaitable: Any, timeout: float | None) -> Any:
         timers.append(timeout or 0.0)
         return await wait_for(awaitable, timeout)
 
-    monkeypatch.setattr(connection_module.asyncio, "wait_for", counted)
+    monkeypatch.setattr(asyncio, "wait_for", counted)
     async with RedisLeaseProvider(url=url, key_prefix=key_prefix, cluster=cluster,
                                   socket_timeout=2) as provider:
         for _ in range(2):  # the first connects (to each node) and loads the scripts

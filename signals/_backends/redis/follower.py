@@ -273,6 +273,8 @@ class RedisFollower:
                 confirmed = self._confirming[channel] = anyio.Event()
                 fresh[channel] = thread_key
             waiting.append((thread_key, channel, confirmed))
+        if not waiting:
+            return  # (a reader's every wait asks: followed already)
         unsent, node = set(fresh), None
         try:
             with map_errors("stream follow"):
