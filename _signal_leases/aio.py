@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -12,9 +10,15 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.lowlevel import RunVar
 
-from _signal_leases.errors import BackendUnavailableError, UnsupportedBackendError
+from _signal_leases.errors import BackendUnavailableError
+from _signal_leases.running import (
+    _get_running_loop,
+    current_async_library,
+    loop_time,
+    require_asyncio,
+    unix_now,
+)
 
 __all__ = [
     "WakeQueue",
@@ -29,48 +33,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-_UNIX_BASE: RunVar[float] = RunVar("signals_unix_base")
-_get_running_loop = asyncio._get_running_loop  # None outside a loop, where get_ raises
-
-
-class _LoopBase:
-    """The last asyncio loop's Unix-time base, by the loop's id (one entry, no reference that
-    keeps a closed loop alive: another loop recomputes it)."""
-
-    loop = 0
-    base = 0.0
-
-
-_LAST = _LoopBase()
-
-
-def loop_time() -> float:
-    """:func:`anyio.current_time` (the event loop's clock), without anyio's per-call lookup of
-    the running library on asyncio (a hot path: several calls per signal)."""
-    loop = _get_running_loop()
-    if loop is not None:
-        return loop.time()
-    return anyio.current_time()
-
-
-def unix_now() -> float:
-    """Unix time in seconds that moves with the event loop's clock: ``time.time()`` on a real
-    clock (but monotonic), virtual time under a mock clock (trio's ``MockClock``), so time-based
-    rules can be tested without waiting. Inside a running event loop only."""
-    loop = _get_running_loop()
-    if loop is not None:  # asyncio: no mock clock in anyio; the loop's own clock
-        last = _LAST
-        if last.loop != id(loop):
-            last.base, last.loop = time.time() - loop.time(), id(loop)
-        return last.base + loop.time()
-    try:
-        base = _UNIX_BASE.get()
-    except LookupError:
-        base = time.time() - anyio.current_time()
-        _UNIX_BASE.set(base)
-    return base + anyio.current_time()
 
 
 def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
@@ -88,35 +50,6 @@ def fail_future(future: asyncio.Future[Any], exc: BaseException) -> None:
         wrapped.__cause__ = exc
         exc = wrapped
     future.set_exception(exc)
-
-
-def current_async_library() -> str | None:
-    """``"asyncio"``, ``"trio"``, or ``None`` outside any event loop (no sniffio needed)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        return "asyncio"
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            trio.lowlevel.current_task()
-        except RuntimeError:
-            pass
-        else:
-            return "trio"
-    return None
-
-
-def require_asyncio(what: str) -> None:
-    """Raise :class:`UnsupportedBackendError` unless running under asyncio (redis-py needs it)."""
-    library = current_async_library()
-    if library != "asyncio":
-        raise UnsupportedBackendError(
-            f"{what} needs asyncio (redis-py is asyncio-only), running under "
-            f"{library or 'no async library'}; use the in-memory backend or run on asyncio"
-        )
 
 
 class WakeQueue(Generic[T]):

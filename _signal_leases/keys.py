@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import zlib
 
-__all__ = ["LeaseKeys", "SignalKeys", "shard_of", "tag"]
+__all__ = ["LeaseKeys", "SignalKeys", "pubsub_layout", "shard_of", "tag"]
 
 
 def tag(key: str) -> str:
@@ -44,6 +44,13 @@ def tag(key: str) -> str:
 def shard_of(key: str, shards: int) -> int:
     """A stable shard number in ``range(shards)`` for ``key`` (CRC32, same in every process)."""
     return zlib.crc32(key.encode("utf-8")) % shards
+
+
+def pubsub_layout(key_prefix: str) -> tuple[str, str]:
+    """The key prefixes of the signal store and of the leases that go with a Redis pub/sub
+    under ``key_prefix`` (``RedisStreamsPubSub``): one place, for the runtime's store, the
+    pub/sub's lease provider and a sender with no runtime."""
+    return f"{key_prefix}:signals", f"{key_prefix}:lease"
 
 
 class LeaseKeys:

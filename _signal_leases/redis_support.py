@@ -24,7 +24,6 @@ import redis.exceptions as rex
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 
-from _signal_leases.aio import require_asyncio
 from _signal_leases.errors import BackendPermanentError, BackendUnavailableError
 from _signal_leases.redis_pools import (
     DEFAULT_MAX_CONNECTIONS,
@@ -32,6 +31,7 @@ from _signal_leases.redis_pools import (
     WaitingRedisCluster,
     quick_writes,
 )
+from _signal_leases.running import require_asyncio
 from _signal_leases.validation import check_int, check_seconds, check_str
 
 __all__ = [

@@ -73,7 +73,7 @@ async def measure(url: str, samples: int) -> dict[str, list[float]]:
                 noticed[message["data"].decode()] = time.perf_counter_ns()
 
     figures: dict[str, list[float]] = {"ours": [], "script": [], "notice": [], "raw": []}
-    RedisSignalStore._run = capture  # type: ignore[method-assign]
+    RedisSignalStore._run = capture  # type: ignore[method-assign,assignment]
     try:
         async with RedisStreamsPubSub(url=url, key_prefix=prefix) as pubsub, SignalRuntime(
             pubsub=pubsub, agent=agent, lease_ttl_ms=60_000, idle_wait_ms=600_000,

@@ -24,7 +24,6 @@ from _signal_leases.errors import (
     UnsupportedBackendError,
 )
 from _signal_leases.lazy import lazy_exports
-from signals import _pubsub_guard  # noqa: F401  (a clear ImportError if `pubsub` is not ours)
 from signals._model import (
     DEFAULT_MAX_SIGNAL_BYTES,
     MAX_PRIORITY,
@@ -41,14 +40,15 @@ from signals._model import (
     StreamPart,
     ThreadInfo,
 )
-from signals._run import Reducer, Run
-from signals._runtime import Agent, SignalRuntime
-from signals._schedules import CatchUp, Schedule
 from signals.kit._core import DeadLetter, Overflow, SignalCore, is_signal_core
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported on first use (see __getattr__ below)
     from signals._backends.memory.store import InMemorySignalStore
+    from signals._backends.redis.sender import RedisSignalSender
     from signals._backends.redis.store import RedisSignalStore
+    from signals._run import Reducer, Run
+    from signals._runtime import Agent, SignalRuntime
+    from signals._schedules import CatchUp, Schedule
 
 __all__ = [
     "DEFAULT_MAX_SIGNAL_BYTES",
@@ -72,6 +72,7 @@ __all__ = [
     "Overflow",
     "Receipt",
     "ReceiptStatus",
+    "RedisSignalSender",
     "RedisSignalStore",
     "Reducer",
     "Run",
@@ -91,8 +92,17 @@ __all__ = [
 ]
 
 
-# The backends are imported on first use (docs/performance.md: a sender's start-up).
+# The runtime and the backends are imported on first use (docs/performance.md: a sender's
+# start-up): ``import signals`` loads the records and the errors; ``RedisSignalSender`` adds
+# redis-py and the Redis core's script calls, without anyio.
 __getattr__, __dir__ = lazy_exports(__name__, {
     "InMemorySignalStore": "signals._backends.memory.store",
+    "RedisSignalSender": "signals._backends.redis.sender",
     "RedisSignalStore": "signals._backends.redis.store",
+    "Reducer": "signals._run",
+    "Run": "signals._run",
+    "Agent": "signals._runtime",
+    "SignalRuntime": "signals._runtime",
+    "CatchUp": "signals._schedules",
+    "Schedule": "signals._schedules",
 })

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import anyio
 
-from _signal_leases.aio import loop_time, retry_unavailable, unix_now
+from _signal_leases.aio import loop_time, retry_unavailable
 from _signal_leases.encoding import compact_json
 from _signal_leases.logs import get_logger
-from _signal_leases.validation import check_identifier, check_optional_int
+from _signal_leases.validation import check_identifier
 from signals._doorbell import Doorbell
 from signals._model import RunInfo
 from signals._run import Reducer, Run
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from signals.kit._core import InboxEntry
     from signals.kit._store import KitStore
 
-__all__ = ["Chain", "ChainSettings", "RunEnd", "check_reducers", "timed"]
+__all__ = ["Chain", "ChainSettings", "RunEnd", "check_reducers"]
 
 logger = get_logger("signals")
 
@@ -315,17 +315,6 @@ class Chain:
                 await self.settings.store.emit(self.thread_key, [part])
             except Exception as exc:
                 self._log().warning("signals.part_failed", kind=kind, error=repr(exc))
-
-
-def timed(signal: Signal, delay_ms: int | None, expires_in_ms: int | None) -> Signal:
-    """``signal`` with the ``send`` shorthands for ``not_before`` and ``expires_at``."""
-    changes: dict[str, float] = {}
-    now = unix_now()
-    if check_optional_int("delay_ms", delay_ms, minimum=0) is not None:
-        changes["not_before"] = now + delay_ms / 1000  # type: ignore[operator]
-    if check_optional_int("expires_in_ms", expires_in_ms) is not None:
-        changes["expires_at"] = now + expires_in_ms / 1000  # type: ignore[operator]
-    return signal.replace(**changes) if changes else signal
 
 
 def check_reducers(reducers: Mapping[str, Reducer] | None) -> dict[str, Reducer]:

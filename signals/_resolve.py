@@ -7,6 +7,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from _signal_leases.errors import ConfigurationError
+from _signal_leases.keys import pubsub_layout
 from leases import (
     LeaseProvider,
     NoopLeaseProvider,
@@ -118,7 +119,8 @@ def resolve_core(pubsub: object, leases: LeaseProvider) -> SignalCore:
         fused = leases if leases is own else None
         return _shared(
             pubsub, f"signals.store:{id(fused)}",
-            lambda: RedisSignalStore(client=client, key_prefix=f"{prefix}:signals", leases=fused),
+            lambda: RedisSignalStore(client=client, key_prefix=pubsub_layout(prefix)[0],
+                                     leases=fused),
         )
     from leases import InMemoryLeaseProvider  # here: a Redis sender never imports it
 

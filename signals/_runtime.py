@@ -27,13 +27,13 @@ from _signal_leases.aio import WakeQueue, owned_task_group, unix_now
 from _signal_leases.errors import ClosedError
 from _signal_leases.logs import get_logger
 from _signal_leases.validation import (
-    check_choice,
     check_identifier,
     check_int,
     check_optional_int,
 )
 from leases import LeaseHeartbeat, LeaseProvider
-from signals._chain import Chain, ChainSettings, check_reducers, timed
+from signals import _pubsub_guard  # noqa: F401  (a clear ImportError if `pubsub` is not ours)
+from signals._chain import Chain, ChainSettings, check_reducers
 from signals._control import ControlMixin
 from signals._model import (
     DEFAULT_MAX_SIGNAL_BYTES,
@@ -41,7 +41,6 @@ from signals._model import (
     EntryMode,
     IfActive,
     IfIdle,
-    Outcome,
     Signal,
     check_max_bytes,
 )
@@ -49,10 +48,11 @@ from signals._recovery import RecoveryMixin
 from signals._resolve import check_agent, check_pubsub, check_store, resolve_core, resolve_leases
 from signals._run import Reducer, Run
 from signals._schedules import Scheduler, SchedulesMixin
+from signals._sending import check_limits, delivered, prepare, refused_after, refused_before
 from signals._streams import StreamsMixin
 from signals._telemetry import Telemetry
 from signals.kit._capabilities import RuntimeInfo
-from signals.kit._core import Limits, Overflow, SignalCore, decode_entry, run_runtime
+from signals.kit._core import Overflow, SignalCore, decode_entry, run_runtime
 from signals.kit._derived import TOPIC_PREFIX
 from signals.kit._store import KitStore
 
@@ -69,9 +69,6 @@ Agent: TypeAlias = Callable[[Run], Awaitable[None]]
 
 logger = get_logger("signals")
 
-_IF_ACTIVE = ("deliver", "queue", "interrupt", "discard", "reject")
-_IF_IDLE = ("wake", "enqueue", "discard")
-_OVERFLOW: tuple[Overflow, ...] = ("reject", "drop_oldest")
 
 
 class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
@@ -146,10 +143,7 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
         self.shutdown_timeout_ms = check_optional_int("shutdown_timeout_ms", shutdown_timeout_ms,
                                                       minimum=0)
         self.reducers = check_reducers(reducers)
-        self.limits = Limits(
-            check_optional_int("max_pending_per_thread", max_pending_per_thread),
-            check_choice("overflow", overflow, _OVERFLOW),
-        )
+        self.limits = check_limits(max_pending_per_thread, overflow)
         if runtime_id is not None:
             check_identifier("runtime_id", runtime_id)
             if "/" in runtime_id:
@@ -322,12 +316,7 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
         Returns once the signal is stored and the owner (or the workers) told; a sender can
         exit right after. Backend errors propagate (never read as "idle").
         """
-        check_identifier("thread key", thread_key)
-        if not isinstance(signal, Signal):
-            signal = Signal(payload=signal)
-        check_choice("if_active", if_active, _IF_ACTIVE)
-        check_choice("if_idle", if_idle, _IF_IDLE)
-        signal = timed(signal, delay_ms, expires_in_ms)
+        signal = prepare(thread_key, signal, if_active, if_idle, delay_ms, expires_in_ms)
         if (signal.merge == "coalesce" and signal.lane is not None
                 and signal.lane not in self.reducers):
             raise ValueError(
@@ -335,15 +324,8 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
                 f"runtime has no reducer for it: pass reducers={{{signal.lane!r}: fn}} to "
                 f"SignalRuntime (every runtime that runs the thread needs it)"
             )
-        started = time.perf_counter()
-        span, signal = self._telemetry.start_send(thread_key, signal)
-        try:
-            delivery = await self._send(thread_key, signal, if_active, if_idle)
-        except BaseException as exc:
-            self._telemetry.end_send(span, started, None, exc)
-            raise
-        self._telemetry.end_send(span, started, delivery.outcome, None)
-        return delivery
+        return await self._telemetry.traced_send(
+            thread_key, signal, lambda s: self._send(thread_key, s, if_active, if_idle))
 
     async def _send(self, thread_key: str, signal: Signal, if_active: IfActive,
                     if_idle: IfIdle) -> Delivery:
@@ -353,15 +335,9 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
         chain = self._chains.get(thread_key)
         if if_active in ("discard", "reject") or if_idle == "discard":
             owner = chain.run_id if chain else await self.leases.get_lease_owner(thread_key)
-            if owner is not None and if_active in ("discard", "reject"):
-                outcome: Outcome = "discarded" if if_active == "discard" else "rejected"
-                log.info("signal.refused", outcome=outcome, owner=owner)
-                return Delivery(outcome, signal.id, thread_key, owner,
-                                reason=f"the thread is active (if_active={if_active!r})")
-            if owner is None and if_idle == "discard":
-                log.info("signal.refused", outcome="discarded", reason="idle")
-                return Delivery("discarded", signal.id, thread_key,
-                                reason="the thread is idle (if_idle='discard')")
+            refused = refused_before(owner, thread_key, signal, if_active, if_idle, log)
+            if refused is not None:
+                return refused
         mode: EntryMode = "queue" if if_active == "queue" else "deliver"
         local = chain is not None or thread_key in self._starting
         full = self._full()
@@ -375,17 +351,10 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
                 self._start_chain(lease)
         finally:
             self._starting.discard(thread_key)
+        refused = refused_after(routed, thread_key, signal, log)
+        if refused is not None:
+            return refused
         accepted = routed.accepted
-        if accepted.outcome == "duplicate":
-            self._telemetry.count("duplicates")
-            log.info("signal.duplicate", owner=routed.owner,
-                     status=accepted.receipt.status if accepted.receipt else None)
-            return Delivery("discarded", signal.id, thread_key, routed.owner, duplicate=True,
-                            receipt=accepted.receipt)
-        if accepted.outcome in ("unchanged", "rejected"):
-            log.info("signal.refused", outcome=accepted.outcome, reason=accepted.reason)
-            return Delivery(accepted.outcome, signal.id, thread_key, routed.owner,
-                            reason=accepted.reason)
         if lease is not None:
             log.info("signal.accepted", outcome="wake", run_id=lease.owner, token=lease.token)
             return Delivery("wake", signal.id, thread_key, lease.owner,
@@ -395,9 +364,7 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
         if accepted.due_at is not None:
             if accepted.due_at > unix_now():
                 self._due_hint(accepted.due_at)
-            log.info("signal.accepted", outcome="scheduled", run_id=owner)
-            return Delivery("scheduled", signal.id, thread_key, owner,
-                            superseded=accepted.superseded, dropped=accepted.dropped)
+            return delivered(routed, thread_key, signal, mode, log)
         if if_active == "interrupt" and owner is not None:
             if chain is not None and chain.run_id == owner:
                 chain.cancel_run("interrupt", owner)
@@ -412,11 +379,8 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
         elif owner is None and local and self.agent is not None:
             self._taking_back.add(thread_key)  # our chain ended meanwhile: take it back
             self._work.put(thread_key)
-        outcome = "queued" if mode == "queue" or owner is None else "deliver"
         backpressure = full and if_idle == "wake" and owner is None and self.agent is not None
-        log.info("signal.accepted", outcome=outcome, run_id=owner, backpressure=backpressure)
-        return Delivery(outcome, signal.id, thread_key, owner, backpressure=backpressure,
-                        superseded=accepted.superseded, dropped=accepted.dropped)
+        return delivered(routed, thread_key, signal, mode, log, backpressure=backpressure)
 
 
     # -- runs ------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from signals._model import Signal
+    from signals._model import Delivery, Signal
 
 __all__ = ["DESTINATION", "Telemetry"]
 
@@ -220,6 +220,20 @@ class Telemetry:
         carrier: dict[str, str] = {}
         otel_propagate.inject(carrier, context=otel_trace.set_span_in_context(span))
         return span, signal.with_trace_context(carrier) if carrier else signal
+
+    async def traced_send(self, thread_key: str, signal: Signal,
+                          send: Callable[[Signal], Awaitable[Delivery]]) -> Delivery:
+        """``await send(signal)`` inside the ``send`` span (``signal`` with its trace context),
+        timed for the operation metric."""
+        started = time.perf_counter()
+        span, signal = self.start_send(thread_key, signal)
+        try:
+            delivery = await send(signal)
+        except BaseException as exc:
+            self.end_send(span, started, None, exc)
+            raise
+        self.end_send(span, started, delivery.outcome, None)
+        return delivery
 
     def end_send(self, span: Any, started: float, outcome: str | None,
                  error: BaseException | None) -> None:

@@ -118,6 +118,16 @@ def test_serverless(redis_url: str) -> None:
     assert "OK: no signal lost" in out
 
 
+@pytest.mark.redis
+def test_serverless_sender(redis_url: str) -> None:
+    result = run_example("serverless_sender.py", "--redis-url", redis_url, "--senders", "4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert re.findall(r"sender-[01]: send -> (\w+)", out) == ["queued", "queued"], out
+    assert len(re.findall(r"sender-[23]: send -> (?:deliver|queued)", out)) == 2, out
+    assert "sent 4, processed 4, lost 0: OK" in out, out
+
+
 def test_stream_chat_in_memory() -> None:
     result = run_example("stream_chat.py")
     assert result.returncode == 0, result.stderr

@@ -57,15 +57,17 @@ from signals.kit._core import (
     is_signal_core,
     run_runtime,
 )
-from signals.kit._store import KitStore
 
 if TYPE_CHECKING:
     from _signal_leases.sql import Database, Tx
     from signals.kit._sql import SQLCore
+    from signals.kit._store import KitStore
 
-# The SQL kit is imported on first use (docs/performance.md: a sender's start-up).
+# The SQL kit and the runtime's view are imported on first use (docs/performance.md: a
+# sender's start-up).
 __getattr__, __dir__ = lazy_exports(__name__, {
     "Database": "_signal_leases.sql", "Tx": "_signal_leases.sql", "SQLCore": "signals.kit._sql",
+    "KitStore": "signals.kit._store",
 })
 
 __all__ = [

@@ -31,6 +31,7 @@ import anyio
 
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import BackendError
+from _signal_leases.keys import pubsub_layout
 from _signal_leases.logs import get_logger
 from _signal_leases.redis_support import (
     RedisClientOptions,
@@ -134,7 +135,8 @@ class RedisStreamsPubSub(PubSubBase, LeasedPubSub):
             log=logger.bind(consumer=self.process_id),
         )
         self._leases = RedisLeaseProvider(  # renewals on two connections of its own
-            client=self._handle.client, key_prefix=f"{key_prefix}:lease", dedicated_renewals=True
+            client=self._handle.client, key_prefix=pubsub_layout(key_prefix)[1],
+            dedicated_renewals=True,
         )
         self._groups = GroupTable(self._ctx)
         self._reader = StreamReader(self._groups)

@@ -6,39 +6,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from _signal_leases.redis_support import as_int, text
+from signals._backends.redis.inbox import RedisInbox
 from signals.kit._capabilities import CARRY_LIMIT, Claim, Claimed, Routed
-from signals.kit._core import NO_LIMITS, Accepted, Limits
+from signals.kit._core import NO_LIMITS, Limits
 
 if TYPE_CHECKING:
-    from _signal_leases.keys import SignalKeys
     from leases import LeaseProvider
     from signals._model import EntryMode, Signal
 
 __all__ = ["RedisFused"]
 
 
-class RedisFused:
+class RedisFused(RedisInbox):
     """See the module docstring."""
 
-    leases: LeaseProvider | None
-    keys: SignalKeys
-    _idx: str
-
-    async def _run(self, name: str, thread_key: str, args: Sequence[Any], what: str, *,
-                   runtime_id: str | None = None) -> list[Any]:
-        raise NotImplementedError
-
-    async def _apply_index(self, thread_key: str, op: str, score: float) -> None:
-        raise NotImplementedError
-
-    def _accept_args(self, signal: Signal, mode: EntryMode, limits: Limits) -> list[Any]:
-        raise NotImplementedError
-
-    def _accepted(self, signal: Signal, reply: list[Any]) -> tuple[Accepted, list[Any]]:
-        raise NotImplementedError
+    leases: LeaseProvider | None = None
 
     async def track_threads(self, runtime_id: str, *, add: Sequence[str] = (),
                             remove: Sequence[str] = ()) -> None:

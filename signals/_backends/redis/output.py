@@ -12,7 +12,7 @@ process over one pub/sub connection (one per node on a Cluster), O(1) per part.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,32 +21,19 @@ from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import CursorExpiredError
 from _signal_leases.redis_support import stream_id, text
 from signals._backends.redis.follower import RedisFollower
+from signals._backends.redis.inbox import RedisInbox
 from signals._backends.redis.lua import EMIT, READ_STREAM
 from signals._backends.redis.parts import decode_part
 from signals._model import StreamPart
 
 if TYPE_CHECKING:
-    import redis.asyncio
-
-    from _signal_leases.keys import SignalKeys
-    from _signal_leases.logs import Logger
     from signals.kit._capabilities import PartIn
 
 __all__ = ["RedisOutput"]
 
 
-
-
-class RedisOutput:
+class RedisOutput(RedisInbox):
     """``emit``, ``stream_read`` and ``follower`` (a base of ``RedisSignalStore``)."""
-
-    client: redis.asyncio.Redis
-    keys: SignalKeys
-    _stream_cfg: str
-    _log: Logger
-
-    def _errors(self, what: str) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
 
     def _scripts(self) -> tuple[Any, Any]:
         scripts = getattr(self, "_output_scripts", None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -25,33 +25,19 @@ import anyio
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import BackendError
 from _signal_leases.redis_support import is_cluster, node_reader_client, refresh_slots, text
+from signals._backends.redis.inbox import RedisInbox
 from signals.kit._capabilities import Notice, RuntimeInfo
 from signals.kit._core import Due, decode_entry
 
 if TYPE_CHECKING:
-    import redis.asyncio
 
-    from _signal_leases.keys import SignalKeys
-    from _signal_leases.logs import Logger
+    pass
 
 __all__ = ["RedisPresence"]
 
 
-class RedisPresence:
+class RedisPresence(RedisInbox):
     """Pending index, runtime registry and notices on Redis (a base of ``RedisSignalStore``)."""
-
-    client: redis.asyncio.Redis
-    keys: SignalKeys
-    _log: Logger
-
-    def _errors(self, what: str) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
-
-    async def _ready(self) -> None:
-        raise NotImplementedError
-
-    def _pipeline(self, what: str) -> AbstractAsyncContextManager[Any]:
-        raise NotImplementedError
 
     async def _index(self, threads: Sequence[str]) -> None:
         now = time.time() * 1000

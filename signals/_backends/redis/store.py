@@ -10,41 +10,20 @@ same Redis, the fused calls (a routed signal costs two round trips: route, then 
 On a Cluster the cross-thread index (another slot) is updated in a separate call after the
 per-thread script, in a crash-safe order (see ``lua``'s module docstring).
 
-Over 400 lines on purpose: one method per core call, each a thin wrapper around one script.
+One method per core call, each a thin wrapper around one script; the client, the key layout
+and how a script is called are in ``inbox`` (shared with the sender).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
-from _signal_leases.keys import SignalKeys
-from _signal_leases.logs import get_logger
-from _signal_leases.redis_support import (
-    RedisHandle,
-    RedisWriteOptions,
-    as_int,
-    map_errors,
-    text,
-)
-from _signal_leases.validation import check_int, check_str
+from _signal_leases.redis_support import as_int, text
 from signals._backends.redis.fused import RedisFused
-from signals._backends.redis.lua import KEY_NAMES
-from signals._backends.redis.lua_calls import (
-    ABORT,
-    ACCEPT,
-    CLAIM,
-    LOOK_AT,
-    PAUSE,
-    RELEASE_IF_IDLE,
-    REVIVE,
-    SETTLE,
-    TAKE,
-    WITHDRAW,
-)
+from signals._backends.redis.inbox import InboxOptions, receipt_of
 from signals._backends.redis.output import RedisOutput
 from signals._backends.redis.presence import RedisPresence
 from signals._model import EntryMode, Receipt, Signal
@@ -65,19 +44,9 @@ from signals.kit._core import (
 if TYPE_CHECKING:
     import redis.asyncio
 
-    from _signal_leases.logs import Logger
     from leases import LeaseProvider
 
 __all__ = ["RedisSignalStore"]
-
-logger = get_logger("signals")
-
-DAY_MS = 86_400_000
-_KEY_CACHE = 4096  # threads whose script keys are kept built
-
-
-def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else str(int(seconds * 1000))
 
 
 class RedisSignalStore(RedisOutput, RedisPresence, RedisFused):
@@ -106,140 +75,24 @@ class RedisSignalStore(RedisOutput, RedisPresence, RedisFused):
         client: redis.asyncio.Redis | None = None,
         key_prefix: str = "signals",
         leases: LeaseProvider | None = None,
-        retention_ms: int = DAY_MS,
-        max_receipts: int = 10_000,
-        idle_ttl_ms: int = 7 * DAY_MS,
-        stream_max_parts: int = 10_000,
-        stream_retention_ms: int = DAY_MS,
-        **options: Unpack[RedisWriteOptions],
+        **options: Unpack[InboxOptions],
     ) -> None:
-        check_str("key_prefix", key_prefix)
-        self._handle = RedisHandle("RedisSignalStore", url=url, client=client, **options)
-        self.client: redis.asyncio.Redis = self._handle.client
-        self.key_prefix = key_prefix
-        self.keys = SignalKeys(key_prefix)
+        super().__init__("RedisSignalStore", url=url, client=client, key_prefix=key_prefix,
+                         lease_keys=None, **options)
         self.leases = leases
-        self.retention_ms = check_int("retention_ms", retention_ms)
-        self.max_receipts = check_int("max_receipts", max_receipts)
-        self.idle_ttl_ms = check_int("idle_ttl_ms", idle_ttl_ms)
-        self.stream_max_parts = check_int("stream_max_parts", stream_max_parts)
-        self.stream_retention_ms = check_int("stream_retention_ms", stream_retention_ms)
-        # New parts are announced for the follower: sharded pub/sub on a Cluster (":1"),
-        # plain pub/sub on one Redis (":2"); see ``follower``.
-        self._stream_cfg = (f"{self.stream_max_parts}:{self.stream_retention_ms}:"
-                            f"{'1' if self._handle.cluster else '2'}")
-        self._idx = "0" if self._handle.cluster else "1"
-        self._key_cache: dict[str, list[str]] = {}  # thread key -> its script keys (bounded)
-        register = self.client.register_script
-        self._lua = {name: register(src) for name, src in (
-            ("accept", ACCEPT), ("take", TAKE), ("settle", SETTLE), ("withdraw", WITHDRAW),
-            ("look_at", LOOK_AT), ("pause", PAUSE), ("revive", REVIVE), ("claim", CLAIM),
-            ("release", RELEASE_IF_IDLE), ("abort", ABORT),
-        )}
-        self._log: Logger = logger.bind()
 
-    async def aclose(self) -> None:
-        """Close the client if this store built it."""
-        await self._handle.aclose()
+    @property
+    def leases(self) -> LeaseProvider | None:
+        """The ``RedisLeaseProvider`` whose leases the fused calls read and grant (its key
+        layout is in every script's keys)."""
+        return self._leases
 
-    def _session_prefix(self) -> str:
-        prefix = getattr(self.leases, "key_prefix", None)
-        return "" if self.leases is None or prefix is None else f"{prefix}:session:"
-
-    @asynccontextmanager
-    async def _errors(self, what: str) -> AsyncIterator[None]:
-        self._handle.require_asyncio()
-        with map_errors(what):
-            await self._handle.ready()
-            yield
-
-    async def _ready(self) -> None:
-        await self._handle.ready()
-
-    @asynccontextmanager
-    async def _pipeline(self, what: str) -> AsyncIterator[Any]:
-        """A pipeline (no transaction) whose errors are mapped as :meth:`_errors` does."""
-        async with self._errors(what), self.client.pipeline(transaction=False) as pipe:
-            yield pipe
-
-    # -- calling a script -------------------------------------------------------------------
-
-    def _keys(self, thread_key: str, runtime_id: str | None = None) -> list[str]:
-        keys = self._key_cache.get(thread_key)
-        if keys is None:
-            k = self.keys
-            keys = [k.thread(thread_key, name) for name in KEY_NAMES[:14]]
-            lease_keys = getattr(self.leases, "keys", None)
-            if lease_keys is not None:
-                keys += [lease_keys.lease(thread_key), lease_keys.fence(thread_key)]
-            else:
-                keys += [k.thread(thread_key, "lease"), k.thread(thread_key, "fence")]  # unused
-            keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
-            if len(self._key_cache) >= _KEY_CACHE:  # bounded: the oldest entry goes
-                del self._key_cache[next(iter(self._key_cache))]
-            self._key_cache[thread_key] = keys
-        if self._idx == "1":
-            return [*keys, self.keys.runtime_threads(runtime_id) if runtime_id else keys[0]]
-        return [*keys, keys[0]]  # Cluster: not touched (another slot)
-
-    def _header(self, thread_key: str) -> list[Any]:
-        return [thread_key, self._idx, self._session_prefix(), self._stream_cfg,
-                self.retention_ms, self.max_receipts, self.idle_ttl_ms]
-
-    async def _run(self, name: str, thread_key: str, args: Sequence[Any], what: str, *,
-                   runtime_id: str | None = None) -> list[Any]:
-        script = self._lua[name]
-        keys = self._keys(thread_key, runtime_id)
-        argv = [*self._header(thread_key), *args]
-        async with self._errors(what):
-            if self._handle.wait_replicas:
-                reply = (await self._handle.eval_many(self.client, script, [(keys, argv)],
-                                                      what))[0]
-            else:
-                reply = await script(keys=keys, args=argv)
-        *out, ixop, ixscore = reply
-        if self._idx == "0" and ixop:
-            await self._apply_index(thread_key, text(ixop), float(text(ixscore)))
-        return list(out)
-
-    async def _apply_index(self, thread_key: str, op: str, score: float) -> None:
-        """Cluster: the index change a script returned, in its own call."""
-        shard = self.keys.pending_shard(thread_key)
-        async with self._errors("pending index update"):
-            if op == "a":
-                await self.client.zadd(shard, {thread_key: score}, lt=True)
-            elif op == "s":
-                await self.client.zadd(shard, {thread_key: score})
-            elif op == "r":
-                await self.client.zrem(shard, thread_key)
+    @leases.setter
+    def leases(self, leases: LeaseProvider | None) -> None:
+        self._leases = leases
+        self._use_lease_keys(getattr(leases, "keys", None))
 
     # -- the core ---------------------------------------------------------------------------
-
-    def _accept_args(self, signal: Signal, mode: EntryMode, limits: Limits) -> list[Any]:
-        return [
-            signal.id, signal.encode(), mode, signal.priority, signal.lane or "", signal.merge,
-            signal.cache_key or "", "1" if signal.cache_key is not None else "0",
-            _ms(signal.not_before), _ms(signal.expires_at),
-            "" if signal.debounce_ms is None else signal.debounce_ms,
-            "" if signal.max_wait_ms is None else signal.max_wait_ms,
-            "" if limits.max_pending is None else limits.max_pending, limits.overflow,
-        ]
-
-    def _accepted(self, signal: Signal, reply: list[Any]) -> tuple[Accepted, list[Any]]:
-        outcome, entry, receipt, reason, superseded, dropped, due, *rest = reply
-        outcome = text(outcome)
-        if outcome == "duplicate":
-            rec = _receipt(signal.id, receipt) if receipt else None
-        elif outcome == "fresh":
-            rec = Receipt(signal.id, text(receipt), at=time.time())  # type: ignore[arg-type]
-        else:
-            rec = None
-        accepted = Accepted(
-            outcome, str(as_int(entry)) if entry else None, rec,  # type: ignore[arg-type]
-            text(reason) if reason else None, tuple(text(s) for s in superseded),
-            tuple(text(s) for s in dropped), float(text(due)) / 1000 if due else None,
-        )
-        return accepted, rest
 
     async def accept(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, limits: Limits = NO_LIMITS
@@ -346,7 +199,7 @@ class RedisSignalStore(RedisOutput, RedisPresence, RedisFused):
             score, raw = await pipe.execute()
         if raw is None or score is None or float(score) < time.time() * 1000 - self.retention_ms:
             return None
-        return _receipt(signal_id, raw)
+        return receipt_of(signal_id, raw)
 
     async def look_at(self, thread_key: str, at: float) -> None:
         await self._run("look_at", thread_key, [int(at * 1000)], "pending index update")
@@ -402,9 +255,4 @@ class RedisSignalStore(RedisOutput, RedisPresence, RedisFused):
                                                          *(signal_ids or ())],
                                   "dead-letter retry")
         return [text(s) for s in found]
-
-
-def _receipt(signal_id: str, raw: Any) -> Receipt:
-    obj = json.loads(raw)
-    return Receipt.from_dict(signal_id, obj)
 
