@@ -346,7 +346,8 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
             self._starting.add(thread_key)
         try:
             routed, lease = await kit.route(thread_key, signal, mode, claim=claim,
-                                            wake_workers=not local, limits=self.limits)
+                                            wake_workers=not local, limits=self.limits,
+                                            interrupt=if_active == "interrupt")
             if lease is not None:
                 self._start_chain(lease)
         finally:
@@ -365,11 +366,8 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
             if accepted.due_at > unix_now():
                 self._due_hint(accepted.due_at)
             return delivered(routed, thread_key, signal, mode, log)
-        if if_active == "interrupt" and owner is not None:
-            if chain is not None and chain.run_id == owner:
-                chain.cancel_run("interrupt", owner)
-            else:
-                await kit.abort(thread_key, owner, reason="interrupt", clear=False)
+        if if_active == "interrupt" and chain is not None and chain.run_id == owner:
+            chain.cancel_run("interrupt", owner)  # ours: at once (the route aborted it)
         if chain is not None and routed.carried and accepted.entry_id is not None:
             carried = decode_entry(accepted.entry_id, signal.encode(), "deliver", 1,
                                    state="carried", holder=owner, signal=signal)

@@ -245,6 +245,42 @@ async def test_interrupt_hands_the_unacknowledged_signals_and_the_new_one_to_a_n
     assert runs[1][1] == ["first", "follow-up", "correction"]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "generic"])
+async def test_an_interrupt_from_another_runtime_never_reaches_the_run_it_stops(
+    fused: bool,
+) -> None:
+    """The run waits for more (idle in its loop) when another runtime interrupts it: it is
+    cancelled without seeing the interrupting signal, which a new run gets, with
+    ``Run.interrupted`` set. (The signal used to be carried to the old run with its notice,
+    before the abort that followed it.) With the core's fused route, and without."""
+    leases = InMemoryLeaseProvider()
+    kit: dict[str, Any] = {"leases": leases,
+                           "inbox": InMemorySignalStore(leases=leases if fused else None)}
+    runs: list[tuple[bool, list[str]]] = []
+    waiting = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        got: list[str] = []
+        runs.append((run.interrupted, got))
+        async for signal in run:
+            got.append(signal.id)
+            await run.ack(signal)
+            waiting.set()
+
+    async with InMemoryPubSub() as pubsub, SignalRuntime(
+        pubsub=pubsub, agent=agent, idle_wait_ms=600_000, shutdown_timeout_ms=0, **kit
+    ), SignalRuntime(pubsub=pubsub, agent=None, **kit) as client:
+        await client.send("t", Signal(1, id="first"))
+        with anyio.fail_after(5):
+            await waiting.wait()
+        delivery = await client.send("t", Signal(2, id="stop"), if_active="interrupt")
+        assert delivery.outcome == "deliver"
+        with anyio.fail_after(5):
+            while len(runs) < 2 or not runs[1][1]:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+    assert runs == [(False, ["first"]), (True, ["stop"])]
+
+
 async def test_threads_lists_owned_and_waiting_threads() -> None:
     kit = shared()
     gate = anyio.Event()

@@ -9,6 +9,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import anyio
 import pytest
@@ -18,6 +19,7 @@ from pubsub import RedisStreamsPubSub
 from signals import (
     ClosedError,
     Delivery,
+    Receipt,
     RedisSignalSender,
     Run,
     Signal,
@@ -127,6 +129,18 @@ async def test_a_sender_caps_a_thread_s_pending_signals(redis_url: str, key_pref
     assert second.outcome == "rejected" and second.reason
 
 
+async def test_a_sender_reads_receipts(redis_url: str, key_prefix: str) -> None:
+    async with RedisSignalSender(url=redis_url, key_prefix=key_prefix) as sender:
+        await sender.send("t", Signal("x", id="s1"))
+        await sender.send("t", Signal("y", id="s2"), delay_ms=60_000)
+        assert [(await sender.receipt("t", sid)) for sid in ("s1", "s2", "s3")] == [
+            Receipt("s1", "pending", at=ANY), Receipt("s2", "scheduled", at=ANY), None]
+        with pytest.raises(ValueError, match="signal id"):
+            await sender.receipt("t", "")
+    with pytest.raises(ClosedError):
+        await sender.receipt("t", "s1")
+
+
 async def test_a_sender_s_bad_input_names_the_argument(redis_url: str, key_prefix: str) -> None:
     with pytest.raises(ValueError, match="key_prefix"):
         RedisSignalSender(url=redis_url, key_prefix="")
@@ -182,3 +196,38 @@ def test_a_sender_process_imports_neither_anyio_nor_the_runtime(redis_url: str) 
                          text=True, check=True, cwd=ROOT, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
     assert out == ["queued", "[]"]
+
+
+@pytest.mark.parametrize("by", ["runtime", "sender"])
+async def test_an_interrupt_never_reaches_the_run_it_stops(
+    target: tuple[str, bool], key_prefix: str, by: str
+) -> None:
+    """A run waiting for more signals is interrupted from another process (a sender-only
+    runtime, or a ``RedisSignalSender``): it is cancelled without the interrupting signal,
+    which a new run gets with ``Run.interrupted`` set."""
+    url, cluster = target
+    runs: list[tuple[bool, list[Any]]] = []
+    waiting = anyio.Event()
+
+    async def agent(run: Run) -> None:
+        got: list[Any] = []
+        runs.append((run.interrupted, got))
+        async for signal in run:
+            got.append(signal.payload)
+            await run.ack(signal)
+            waiting.set()
+
+    async with RedisStreamsPubSub(url=url, key_prefix=key_prefix, cluster=cluster) as pubsub, \
+            SignalRuntime(pubsub=pubsub, agent=agent, idle_wait_ms=600_000,
+                          shutdown_timeout_ms=0), \
+            SignalRuntime(pubsub=pubsub, agent=None) as sender_runtime, \
+            RedisSignalSender(url=url, key_prefix=key_prefix, cluster=cluster) as sender:
+        send = sender_runtime.send if by == "runtime" else sender.send
+        await send("t", "first")
+        with anyio.fail_after(10):
+            await waiting.wait()
+        assert (await send("t", "stop", if_active="interrupt")).outcome == "deliver"
+        with anyio.fail_after(10):
+            while len(runs) < 2 or not runs[1][1]:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+    assert runs == [(False, ["first"]), (True, ["stop"])]

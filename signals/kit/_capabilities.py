@@ -210,11 +210,17 @@ class FusedRouting(Protocol):
     async def route(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
         sender: str | None, wake_workers: bool, limits: Limits = NO_LIMITS,
+        interrupt: bool = False,
     ) -> Routed:
         """``accept``, then for a fresh signal in the same step: with a live owner, notify its
         runtime (unless it is ``sender``), carrying a small ``deliver`` entry to its run;
         else take the lease for ``claim`` (not for a paused thread); else index the thread and
-        (``wake_workers``) notify the workers. A signal not due yet claims nothing."""
+        (``wake_workers``) notify the workers. A signal not due yet claims nothing.
+
+        ``interrupt`` (``send(if_active="interrupt")``; passed only when true): a ready
+        signal for a live owner aborts that owner in the same step, as
+        :meth:`abort` does (``abort`` notice, reason ``"interrupt"``), and is neither carried
+        to it nor announced to it: the next run takes it."""
         ...
 
     async def claim(self, thread_key: str, claim: Claim) -> Claimed:

@@ -22,7 +22,7 @@ class Engine(Rules):
 
     def route(self, t: Tables, key: str, signal: Signal, mode: EntryMode, claim: Claim | None,
               sender: str | None, wake_workers: bool, limits: Limits,
-              outbox: Outbox) -> Routed:
+              outbox: Outbox, interrupt: bool = False) -> Routed:
         leases = t.leases
         assert leases is not None, "fused calls need the engine's leases"
         accepted, th, e = self.accept(t, key, signal, mode, limits, index=False, save=False)
@@ -32,13 +32,19 @@ class Engine(Rules):
             return Routed(accepted, owner)
         ready = accepted.due_at is None
         carry = (owner is not None and ready and mode == "deliver" and not th.paused
-                 and len(e.body) <= CARRY_LIMIT)
+                 and not interrupt and len(e.body) <= CARRY_LIMIT)
         if carry:  # handed to the owner with its notice: stored as carried already
             e.state, e.holder, e.attempts = "carried", owner, 1
         t.insert(e)
         if owner is not None and not ready:
             t.save_thread(th)
             outbox.add(None, Notice("due", key, reason=repr(accepted.due_at)))
+            return Routed(accepted, owner)
+        if owner is not None and interrupt:
+            th.abort = owner  # the owner stops; the signal waits for the next run
+            outbox.add(run_runtime(owner), Notice("abort", key, owner, "interrupt"))
+            self._index(th, t.now)
+            t.save_thread(th)
             return Routed(accepted, owner)
         if owner is not None:
             carried = None

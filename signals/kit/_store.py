@@ -49,6 +49,8 @@ _NOTICES = ("notify", "listen")
 _REGISTRY = ("register_runtime", "refresh_runtime", "unregister_runtime", "track_threads",
              "runtimes", "runtime_threads")
 _FUSED = ("fuses_with", "route", "claim", "release_if_idle", "abort")
+_INTERRUPT: dict[str, bool] = {"interrupt": True}  # passed to a fused route only when true
+_PLAIN: dict[str, bool] = {}
 
 
 class KitStore:
@@ -91,16 +93,18 @@ class KitStore:
 
     async def route(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: bool,
-        wake_workers: bool, limits: Limits = NO_LIMITS,
+        wake_workers: bool, limits: Limits = NO_LIMITS, interrupt: bool = False,
     ) -> tuple[Routed, HeldLease | None]:
         """Accept ``signal``; with ``claim``, take the thread if it is free and the signal
-        ready."""
+        ready; with ``interrupt``, abort a live owner instead of telling it (see
+        :meth:`FusedRouting.route`)."""
         if self.fused is not None:
             request = self._claim() if claim else None
             sent_at = loop_time()
             routed = await self.fused.route(
                 thread_key, signal, mode, claim=request, sender=self.runtime_id,
                 wake_workers=wake_workers, limits=limits,
+                **(_INTERRUPT if interrupt else _PLAIN),  # (a fused route made before it)
             )
             if routed.claimed and request is not None:
                 return routed, self._adopt(thread_key, request, routed.token, sent_at)
@@ -116,7 +120,9 @@ class KitStore:
             if held is not None:
                 return Routed(accepted, held.owner, True, held.token), held
         owner = await self.leases.get_lease_owner(thread_key)
-        if owner is not None:
+        if owner is not None and interrupt:
+            await self.abort(thread_key, owner, reason="interrupt", clear=False)
+        elif owner is not None:
             if run_runtime(owner) != self.runtime_id:
                 await self.notices.notify(run_runtime(owner), Notice("signal", thread_key, owner))
         elif wake_workers:

@@ -149,24 +149,54 @@ class FusedRoutingConformance(Fixtures):
         assert again.accepted.outcome == "duplicate" and not again.claimed
         await leases.release_lease(thread, claim.owner)
 
-    async def test_route_carries_to_the_owner_and_notifies_it(self, core: Any,
-                                                               leases: Any) -> None:
-        self.fused(core, leases)
+    async def route_to_owner(self, core: Any, signal_id: str, kind: str, **extra: Any
+                             ) -> tuple[str, Claim, Any, list[Notice]]:
+        """A thread owned by a run of ``owner-rt`` (its first signal ``first``), then
+        ``signal_id`` routed to it from another runtime, until ``owner-rt`` hears a ``kind``
+        notice: ``(thread, owner's claim, routed, the notices heard)``."""
         self.need(core, "listen")
         thread, owner = self.thread(), self.claim("owner-rt")
         await core.route(thread, Signal(id="first"), "deliver", claim=owner, sender="x",
                          wake_workers=False)
         notices: list[Notice] = []
         async with core.listen("owner-rt", notices.append, worker=False):
-            routed = await core.route(thread, Signal(id="next"), "deliver", claim=None,
-                                      sender="other-rt", wake_workers=True)
+            routed = await core.route(thread, Signal(id=signal_id), "deliver", claim=None,
+                                      sender="other-rt", wake_workers=True, **extra)
             with anyio.fail_after(5):
-                while not any(n.kind == "signal" for n in notices):  # noqa: ASYNC110
+                while not any(n.kind == kind for n in notices):  # noqa: ASYNC110
                     await anyio.sleep(0.01)
+        return thread, owner, routed, notices
+
+    async def test_route_carries_to_the_owner_and_notifies_it(self, core: Any,
+                                                               leases: Any) -> None:
+        self.fused(core, leases)
+        thread, owner, routed, notices = await self.route_to_owner(core, "next", "signal")
         assert routed.owner == owner.owner and routed.carried and not routed.claimed
         [notice] = [n for n in notices if n.kind == "signal"]
         assert notice.entry is not None and notice.entry.signal.id == "next"
         await leases.release_lease(thread, owner.owner)
+
+    async def test_an_interrupt_aborts_the_owner_and_carries_nothing(self, core: Any,
+                                                                     leases: Any) -> None:
+        """``route(..., interrupt=True)`` with a live owner: in the same step the owner is
+        marked aborted (``describe``) and its runtime gets an ``abort`` notice (reason
+        ``interrupt``); the signal is neither carried nor announced to it, and the next run
+        takes it after the signals before it."""
+        self.fused(core, leases)
+        thread, owner, routed, notices = await self.route_to_owner(core, "stop", "abort",
+                                                                   interrupt=True)
+        assert routed.accepted.fresh and routed.owner == owner.owner
+        assert not routed.carried and not routed.claimed
+        told = [(n.kind, n.run_id, n.reason) for n in notices if n.kind != "resync"]
+        assert told == [("abort", owner.owner, "interrupt")], told
+        assert (await core.describe([thread]))[thread].abort == owner.owner
+        await leases.release_lease(thread, owner.owner)
+        successor = self.claim("owner-rt")
+        claimed = await core.claim(thread, successor)
+        assert claimed.claimed
+        assert await self.drain(core, thread, RunRef(successor.owner, claimed.token)) == [
+            "first", "stop"]
+        await leases.release_lease(thread, successor.owner)
 
     async def test_a_signal_carried_to_an_owner_that_dies_is_found_again(
             self, core: Any, leases: Any) -> None:

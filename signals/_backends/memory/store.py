@@ -152,11 +152,12 @@ class InMemorySignalStore(MemoryOutput, MemoryPresence):
     async def route(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
         sender: str | None, wake_workers: bool, limits: Limits = NO_LIMITS,
+        interrupt: bool = False,
     ) -> Routed:
         await anyio.lowlevel.checkpoint()
         outbox = Outbox()
         routed = self.engine.route(self._t(fused=True), thread_key, signal, mode, claim, sender,
-                                   wake_workers, limits, outbox)
+                                   wake_workers, limits, outbox, interrupt)
         self._send(outbox)
         return routed
 

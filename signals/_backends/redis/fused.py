@@ -36,6 +36,7 @@ class RedisFused(RedisInbox):
     async def route(
         self, thread_key: str, signal: Signal, mode: EntryMode, *, claim: Claim | None,
         sender: str | None, wake_workers: bool, limits: Limits = NO_LIMITS,
+        interrupt: bool = False,
     ) -> Routed:
         if claim is not None and self._idx == "0":  # Cluster: track before we can own it
             await self.track_threads(claim.runtime_id, add=[thread_key])
@@ -44,6 +45,7 @@ class RedisFused(RedisInbox):
             claim.owner if claim else "", claim.ttl_ms if claim else 0,
             (claim.session or "") if claim else "", sender or "", self.keys.notice_prefix,
             self.keys.work_channel, "1" if wake_workers else "0", CARRY_LIMIT,
+            "1" if interrupt else "0",
         ]
         reply = await self._run("accept", thread_key, args, f"send to thread {thread_key!r}",
                                 runtime_id=claim.runtime_id if claim else None)

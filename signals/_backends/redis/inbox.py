@@ -193,6 +193,16 @@ class RedisInbox:
             elif op == "r":
                 await self.client.zrem(shard, thread_key)
 
+    async def receipt(self, thread_key: str, signal_id: str) -> Receipt | None:
+        k = self.keys
+        async with self._pipeline("receipt read") as pipe:
+            pipe.zscore(k.thread(thread_key, "seen"), signal_id)
+            pipe.hget(k.thread(thread_key, "receipts"), signal_id)
+            score, raw = await pipe.execute()
+        if raw is None or score is None or float(score) < time.time() * 1000 - self.retention_ms:
+            return None
+        return receipt_of(signal_id, raw)
+
     # -- the accept step --------------------------------------------------------------------
 
     def _accept_args(self, signal: Signal, mode: EntryMode, limits: Limits) -> list[Any]:

@@ -373,6 +373,14 @@ local function touch()
   end
 end
 
+local function abort_run(run, prefix, reason)  -- marked, and its runtime told
+  redis.call('HSET', K.meta, 'abort', run)
+  local rt = string.match(run, '^(.*)/[^/]*$')
+  if rt then
+    redis.call('PUBLISH', prefix .. rt, 'abort\\n' .. THREAD .. '\\n' .. run .. '\\n' .. reason)
+  end
+end
+
 local function reply(...)
   local out = {...}
   out[#out + 1] = ixop

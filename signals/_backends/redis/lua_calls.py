@@ -15,8 +15,9 @@ __all__ = ["ABORT", "ACCEPT", "CLAIM", "LOOK_AT", "PAUSE", "RELEASE_IF_IDLE", "R
 #: 18 debounce ms, 19 max wait ms, 20 max pending ('' none), 21 overflow, 22 route '1' (fused:
 #: claim or notify) or '0' (accept only: index), 23 claim owner ('' none), 24 claim ttl,
 #: 25 claim session, 26 sender runtime, 27 notice prefix, 28 work channel, 29 wake workers,
-#: 30 carry limit. Returns {outcome, entry, receipt JSON, reason, superseded, dropped, due ms,
-#: owner, claimed, token, carried, ixop, ixscore}.
+#: 30 carry limit, 31 interrupt '1' (abort a live owner, carry nothing). Returns {outcome,
+#: entry, receipt JSON, reason, superseded, dropped, due ms, owner, claimed, token, carried,
+#: ixop, ixscore}.
 ACCEPT = INBOX_FUNCTIONS + """
 local sid, body, mode, prio = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
 local lane, merge = ARGV[12], ARGV[13]
@@ -123,7 +124,7 @@ if ARGV[16] ~= '' then m.nb = tonumber(ARGV[16]) end
 if ARGV[17] ~= '' then m.x = tonumber(ARGV[17]) end
 local paused = redis.call('HGET', K.meta, 'paused') == '1'
 local carry = ARGV[22] == '1' and owner and not later and mode == 'deliver' and not paused
-  and #body <= tonumber(ARGV[30])  -- to the live owner with its notice: filed so at once
+  and ARGV[31] ~= '1' and #body <= tonumber(ARGV[30])  -- to the live owner with its notice
 if later then m.st, m.d = 'later', due elseif carry then m.st, m.h, m.n = 'carried', owner, 1
 else m.st = 'ready' end
 redis.call('HSET', K.eb, seq, body)
@@ -153,6 +154,10 @@ if later then
   end
   return reply('fresh', seq, status, false, superseded, dropped, due_out, owner, 0, false, 0)
 end
+if owner and ARGV[31] == '1' then  -- interrupt: the owner stops; the next run takes this one
+  abort_run(owner, ARGV[27], 'interrupt')
+  return reply('fresh', seq, status, false, superseded, dropped, false, owner, 0, false, 0)
+end
 if owner then
   local rt = string.match(owner, '^(.*)/[^/]*$')
   local carried = ''
@@ -163,8 +168,7 @@ if owner then
   if rt and rt ~= ARGV[26] then
     redis.call('PUBLISH', ARGV[27] .. rt, 'signal\\n' .. THREAD .. '\\n' .. owner .. carried)
   end
-  local c = 0
-  if carried ~= '' then c = 1 end
+  local c = carried ~= '' and 1 or 0
   return reply('fresh', seq, status, false, superseded, dropped, false, owner, 0, false, c)
 end
 if ARGV[23] ~= '' and not paused and session_alive(SP, ARGV[25]) then
@@ -424,8 +428,8 @@ return reply(1)
 """
 
 #: ARGV after the header: 8 run id ('' the current one), 9 reason, 10 clear '1'/'0', 11 notice
-#: prefix. Marks the run aborted and notifies its runtime; with clear, withdraws every pending
-#: signal. Returns {aborted run id or false, ixop, ixscore}.
+#: prefix. Marks the run aborted, notifies its runtime (``abort_run``); with clear, withdraws
+#: every pending signal first. Returns {aborted run id or false, ixop, ixscore}.
 ABORT = INBOX_FUNCTIONS + """
 local run = ARGV[8]
 if SP ~= '' then
@@ -434,7 +438,6 @@ if SP ~= '' then
   run = cur[1]
 end
 if run == '' then return reply(false) end
-redis.call('HSET', K.meta, 'abort', run)
 if ARGV[10] == '1' then
   for _, seq in ipairs(redis.call('HKEYS', K.em)) do
     local m = get(seq)
@@ -442,9 +445,6 @@ if ARGV[10] == '1' then
   end
   emptied()
 end
-local rt = string.match(run, '^(.*)/[^/]*$')
-if rt then
-  redis.call('PUBLISH', ARGV[11] .. rt, 'abort\\n' .. THREAD .. '\\n' .. run .. '\\n' .. ARGV[9])
-end
+abort_run(run, ARGV[11], ARGV[9])
 return reply(run)
 """

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Self, Unpack
 from _signal_leases.errors import ClosedError
 from _signal_leases.keys import LeaseKeys, pubsub_layout
 from _signal_leases.logs import get_logger
-from _signal_leases.validation import check_str
+from _signal_leases.validation import check_identifier, check_str
 from signals._backends.redis.fused import RedisFused
 from signals._backends.redis.inbox import InboxOptions
 from signals._model import (
@@ -26,6 +26,7 @@ from signals._model import (
     EntryMode,
     IfActive,
     IfIdle,
+    Receipt,
     Signal,
     check_max_bytes,
 )
@@ -138,14 +139,22 @@ class RedisSignalSender:
                 return refused
         mode: EntryMode = "queue" if if_active == "queue" else "deliver"
         routed = await self._core.route(thread_key, signal, mode, claim=None, sender=None,
-                                        wake_workers=True, limits=self.limits)
+                                        wake_workers=True, limits=self.limits,
+                                        interrupt=if_active == "interrupt")
         refused = refused_after(routed, thread_key, signal, log)
         if refused is not None:
             return refused
-        if routed.accepted.due_at is None and if_active == "interrupt" and \
-                routed.owner is not None:
-            await self._core.abort(thread_key, routed.owner, reason="interrupt", clear=False)
         return delivered(routed, thread_key, signal, mode, log)
+
+    async def receipt(self, thread_key: str, signal_id: str) -> Receipt | None:
+        """What became of ``signal_id`` on ``thread_key`` (``pending``, ``scheduled``,
+        ``processed`` with its result, ...; ``None``: unknown or past retention), as
+        ``SignalRuntime.receipt`` says it."""
+        check_identifier("thread key", thread_key)
+        check_identifier("signal id", signal_id)
+        if self._closed:
+            raise ClosedError("this RedisSignalSender is closed")
+        return await self._core.receipt(thread_key, signal_id)
 
     def _lease_provider(self) -> RedisLeaseProvider:
         """The workers' lease provider on this sender's client, made on first use (it imports

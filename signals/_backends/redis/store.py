@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from _signal_leases.redis_support import as_int, text
 from signals._backends.redis.fused import RedisFused
-from signals._backends.redis.inbox import InboxOptions, receipt_of
+from signals._backends.redis.inbox import InboxOptions
 from signals._backends.redis.output import RedisOutput
 from signals._backends.redis.presence import RedisPresence
-from signals._model import EntryMode, Receipt, Signal
+from signals._model import EntryMode, Signal
 from signals.kit._capabilities import CARRY_LIMIT
 from signals.kit._core import (
     NO_LIMITS,
@@ -190,16 +190,6 @@ class RedisSignalStore(RedisOutput, RedisPresence, RedisFused):
             if entry is not None:
                 out.append(entry)
         return out
-
-    async def receipt(self, thread_key: str, signal_id: str) -> Receipt | None:
-        k = self.keys
-        async with self._pipeline("receipt read") as pipe:
-            pipe.zscore(k.thread(thread_key, "seen"), signal_id)
-            pipe.hget(k.thread(thread_key, "receipts"), signal_id)
-            score, raw = await pipe.execute()
-        if raw is None or score is None or float(score) < time.time() * 1000 - self.retention_ms:
-            return None
-        return receipt_of(signal_id, raw)
 
     async def look_at(self, thread_key: str, at: float) -> None:
         await self._run("look_at", thread_key, [int(at * 1000)], "pending index update")

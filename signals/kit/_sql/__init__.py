@@ -283,15 +283,16 @@ class SQLCore:
 
     async def route(self, thread_key: str, signal: Signal, mode: EntryMode, *,
                     claim: Claim | None, sender: str | None, wake_workers: bool,
-                    limits: Limits = NO_LIMITS) -> Routed:
+                    limits: Limits = NO_LIMITS, interrupt: bool = False) -> Routed:
         e = self.engine
-        fast = await self._route_fast(thread_key, signal, mode, sender, limits)
+        fast = None if interrupt else await self._route_fast(thread_key, signal, mode, sender,
+                                                             limits)
         if fast is not None:
             self._parts_written(thread_key)
             return fast
         routed = await self._call_out(
             lambda t, out: e.route(t, thread_key, signal, mode, claim, sender, wake_workers,
-                                   limits, out), what=f"send to thread {thread_key!r}")
+                                   limits, out, interrupt), what=f"send to thread {thread_key!r}")
         self._parts_written(thread_key)
         return routed
 
