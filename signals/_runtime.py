@@ -324,6 +324,8 @@ class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
                 f"runtime has no reducer for it: pass reducers={{{signal.lane!r}: fn}} to "
                 f"SignalRuntime (every runtime that runs the thread needs it)"
             )
+        if self._telemetry.quiet():
+            return await self._send(thread_key, signal, if_active, if_idle)
         return await self._telemetry.traced_send(
             thread_key, signal, lambda s: self._send(thread_key, s, if_active, if_idle))
 

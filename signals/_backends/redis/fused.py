@@ -45,8 +45,9 @@ class RedisFused(RedisInbox):
             claim.owner if claim else "", claim.ttl_ms if claim else 0,
             (claim.session or "") if claim else "", sender or "", self.keys.notice_prefix,
             self.keys.work_channel, "1" if wake_workers else "0", CARRY_LIMIT,
-            "1" if interrupt else "0",
         ]
+        if interrupt:
+            args.append("1")  # ARGV[31], only then: every argument costs redis-py's packing
         reply = await self._run("accept", thread_key, args, f"send to thread {thread_key!r}",
                                 runtime_id=claim.runtime_id if claim else None)
         accepted, (owner, claimed, token, carried) = self._accepted(signal, reply)

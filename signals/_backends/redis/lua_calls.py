@@ -15,7 +15,7 @@ __all__ = ["ABORT", "ACCEPT", "CLAIM", "LOOK_AT", "PAUSE", "RELEASE_IF_IDLE", "R
 #: 18 debounce ms, 19 max wait ms, 20 max pending ('' none), 21 overflow, 22 route '1' (fused:
 #: claim or notify) or '0' (accept only: index), 23 claim owner ('' none), 24 claim ttl,
 #: 25 claim session, 26 sender runtime, 27 notice prefix, 28 work channel, 29 wake workers,
-#: 30 carry limit, 31 interrupt '1' (abort a live owner, carry nothing). Returns {outcome,
+#: 30 carry limit, 31 '1' for an interrupt (abort a live owner, carry nothing). Returns {outcome,
 #: entry, receipt JSON, reason, superseded, dropped, due ms, owner, claimed, token, carried,
 #: ixop, ixscore}.
 ACCEPT = INBOX_FUNCTIONS + """

@@ -125,6 +125,8 @@ class RedisSignalSender:
         if self._closed:
             raise ClosedError("this RedisSignalSender is closed")
         signal = prepare(thread_key, signal, if_active, if_idle, delay_ms, expires_in_ms)
+        if self._telemetry.quiet():
+            return await self._send(thread_key, signal, if_active, if_idle)
         return await self._telemetry.traced_send(
             thread_key, signal, lambda s: self._send(thread_key, s, if_active, if_idle))
 
