@@ -125,6 +125,47 @@ def test_spans_and_metrics_in_one_process() -> None:
     assert metrics["messaging.client.operation.duration"] == 7
 
 
+@pytest.mark.redis
+def test_a_sender_with_no_runtime_starts_the_trace_a_worker_continues(
+        redis_url: str, key_prefix: str) -> None:
+    """``RedisSignalSender.send`` is a PRODUCER span, as a runtime's, and the worker's
+    CONSUMER span is its child; the sender counts its message and a duplicate."""
+    code = SDK + textwrap.dedent("""
+        import json, sys, anyio
+        from pubsub import RedisStreamsPubSub
+        from signals import RedisSignalSender, Run, Signal, SignalRuntime
+        done = anyio.Event()
+
+        async def agent(run: Run) -> None:
+            async for s in run:
+                await run.ack(s)
+                done.set()
+
+        async def main():
+            async with RedisStreamsPubSub(url=sys.argv[1], key_prefix=sys.argv[2]) as ps, \
+                    SignalRuntime(pubsub=ps, agent=agent), \
+                    RedisSignalSender(url=sys.argv[1], key_prefix=sys.argv[2]) as sender:
+                with trace.get_tracer("app").start_as_current_span("webhook") as span:
+                    tid = format(span.get_span_context().trace_id, "032x")
+                    await sender.send("t", Signal(1, id="s1"))
+                    await sender.send("t", Signal(1, id="s1"))  # a duplicate
+                with anyio.fail_after(10):
+                    await done.wait()
+            print(json.dumps({"trace": tid, "spans": spans(), "metrics": metric_values()}))
+        anyio.run(main)
+    """)
+    result = run_script(code, redis_url, key_prefix)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    sends = [s for s in out["spans"] if s["name"] == "send signals.thread"]
+    [process] = [s for s in out["spans"] if s["name"] == "process signals.thread"]
+    assert [s["kind"] for s in sends] == ["PRODUCER", "PRODUCER"]
+    assert {s["trace"] for s in sends} == {process["trace"]} == {out["trace"]}
+    assert process["parent"] == sends[0]["span"]
+    assert out["metrics"]["messaging.client.sent.messages"] == 1
+    assert out["metrics"]["signals.duplicates"] == 1
+
+
 @pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def test_runtime_metrics_count_runs_leases_dead_letters_duplicates_and_takeovers(
         backend: str, request: pytest.FixtureRequest) -> None:
