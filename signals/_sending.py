@@ -91,7 +91,8 @@ def refused_after(routed: Routed, thread_key: str, signal: Signal,
 def delivered(routed: Routed, thread_key: str, signal: Signal, mode: EntryMode, log: Logger,
               *, backpressure: bool = False) -> Delivery:
     """The delivery of a stored signal that started no run here: ``scheduled`` (not due
-    yet), ``queued`` (no owner, or ``if_active="queue"``) or ``deliver`` (to the owner)."""
+    yet), ``queued`` (no owner, or ``if_active="queue"``) or ``deliver`` (to the owner).
+    A warning ``signal.unheard`` when the core tells that no worker heard of it."""
     accepted, owner = routed.accepted, routed.owner
     if accepted.due_at is not None:
         log.info("signal.accepted", outcome="scheduled", run_id=owner)
@@ -99,5 +100,9 @@ def delivered(routed: Routed, thread_key: str, signal: Signal, mode: EntryMode, 
                         superseded=accepted.superseded, dropped=accepted.dropped)
     outcome: Outcome = "queued" if mode == "queue" or owner is None else "deliver"
     log.info("signal.accepted", outcome=outcome, run_id=owner, backpressure=backpressure)
+    if routed.workers == 0:  # (a core that can tell: Redis, not a Cluster)
+        log.warning("signal.unheard", reason="no worker listens under this key prefix: the "
+                    "signal waits in the inbox until one starts (is the key prefix the "
+                    "workers'?)")
     return Delivery(outcome, signal.id, thread_key, owner, backpressure=backpressure,
                     superseded=accepted.superseded, dropped=accepted.dropped)

@@ -231,3 +231,26 @@ async def test_an_interrupt_never_reaches_the_run_it_stops(
             while len(runs) < 2 or not runs[1][1]:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
     assert runs == [(False, ["first"]), (True, ["stop"])]
+
+
+async def test_a_send_no_worker_hears_is_a_warning(redis_url: str, key_prefix: str) -> None:
+    """On one Redis, a signal queued where no worker runtime listens (a wrong key prefix, or
+    no worker yet) logs ``signal.unheard``; with a worker listening, nothing."""
+
+    async def agent(run: Run) -> None:
+        async for signal in run:
+            await run.ack(signal)
+
+    with capture_logs() as logs:
+        async with RedisSignalSender(url=redis_url, key_prefix=key_prefix) as sender:
+            assert (await sender.send("t", "nobody yet")).outcome == "queued"
+            async with RedisStreamsPubSub(url=redis_url, key_prefix=f"{key_prefix}-other"
+                                          ) as pubsub, \
+                    SignalRuntime(pubsub=pubsub, agent=agent):
+                assert (await sender.send("u", "wrong prefix")).outcome == "queued"
+            async with RedisStreamsPubSub(url=redis_url, key_prefix=key_prefix) as pubsub, \
+                    SignalRuntime(pubsub=pubsub, agent=agent):
+                assert (await sender.send("v", "heard")).outcome == "queued"
+    unheard = [e for e in logs if e["event"] == "signal.unheard"]
+    assert [(e["key"], e["log_level"]) for e in unheard] == [("t", "warning"), ("u", "warning")]
+    assert "key prefix" in unheard[0]["reason"]

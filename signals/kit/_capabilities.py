@@ -117,13 +117,15 @@ class Routed:
     """What a fused :meth:`FusedRouting.route` did: ``accepted`` (the core's answer), then
     ``owner`` (the live lease holder after the call; ``None``: none), ``claimed`` (the caller's
     claim won; ``token`` is its fencing token), ``carried`` (the entry was carried to the
-    owner's run in the notice)."""
+    owner's run in the notice), ``workers`` (how many worker runtimes heard the ``work``
+    notice, for a core that can tell; ``None``: unknown)."""
 
     accepted: Accepted
     owner: str | None = None
     claimed: bool = False
     token: int | None = None
     carried: bool = False
+    workers: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

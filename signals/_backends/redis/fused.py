@@ -50,9 +50,11 @@ class RedisFused(RedisInbox):
             args.append("1")  # ARGV[31], only then: every argument costs redis-py's packing
         reply = await self._run("accept", thread_key, args, f"send to thread {thread_key!r}",
                                 runtime_id=claim.runtime_id if claim else None)
-        accepted, (owner, claimed, token, carried) = self._accepted(signal, reply)
+        accepted, (owner, claimed, token, carried, *heard) = self._accepted(signal, reply)
+        heard_by = heard[0] if heard and self._idx == "1" else None  # (a Cluster: one node's)
+        workers = None if heard_by is None else as_int(heard_by)
         routed = Routed(accepted, text(owner) if owner else None, as_int(claimed) == 1,
-                        as_int(token) if token else None, as_int(carried) == 1)
+                        as_int(token) if token else None, as_int(carried) == 1, workers)
         if self._idx == "0":
             await self._redo_index(thread_key, routed, wake_workers)
         return routed

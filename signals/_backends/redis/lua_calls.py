@@ -17,7 +17,7 @@ __all__ = ["ABORT", "ACCEPT", "CLAIM", "LOOK_AT", "PAUSE", "RELEASE_IF_IDLE", "R
 #: 25 claim session, 26 sender runtime, 27 notice prefix, 28 work channel, 29 wake workers,
 #: 30 carry limit, 31 '1' for an interrupt (abort a live owner, carry nothing). Returns {outcome,
 #: entry, receipt JSON, reason, superseded, dropped, due ms, owner, claimed, token, carried,
-#: ixop, ixscore}.
+#: [workers that heard a work notice,] ixop, ixscore}.
 ACCEPT = INBOX_FUNCTIONS + """
 local sid, body, mode, prio = ARGV[8], ARGV[9], ARGV[10], tonumber(ARGV[11])
 local lane, merge = ARGV[12], ARGV[13]
@@ -138,8 +138,7 @@ redis.call('ZADD', K.seen, now, sid)
 set_receipt(sid, {status = status})
 redis.call('HSET', K.meta, 'last', at)
 touch()
-local due_out = false
-if later then due_out = fmt(due) end
+local due_out = later and fmt(due) or false
 if ARGV[22] ~= '1' then
   if not paused then
     if later then index('a', due) else index('a', now) end
@@ -177,11 +176,12 @@ if ARGV[23] ~= '' and not paused and session_alive(SP, ARGV[25]) then
   redis.call('HSET', K.meta, 'since', at)
   return reply('fresh', seq, status, false, superseded, dropped, false, ARGV[23], 1, token, 0)
 end
+local heard = false  -- the workers that heard the work notice (on this node, on a Cluster)
 if not paused then
   index('a', now)
-  if ARGV[29] == '1' then redis.call('PUBLISH', ARGV[28], 'work\\n' .. THREAD) end
+  if ARGV[29] == '1' then heard = redis.call('PUBLISH', ARGV[28], 'work\\n' .. THREAD) end
 end
-return reply('fresh', seq, status, false, superseded, dropped, false, false, 0, false, 0)
+return reply('fresh', seq, status, false, superseded, dropped, false, false, 0, false, 0, heard)
 """
 
 #: ARGV after the header: 8 run, 9 token ('' none), 10 max attempts, 11 first '1'/'0', then
@@ -428,8 +428,8 @@ return reply(1)
 """
 
 #: ARGV after the header: 8 run id ('' the current one), 9 reason, 10 clear '1'/'0', 11 notice
-#: prefix. Marks the run aborted, notifies its runtime (``abort_run``); with clear, withdraws
-#: every pending signal first. Returns {aborted run id or false, ixop, ixscore}.
+#: prefix. Aborts the run (``abort_run``); with clear, withdraws every pending signal first.
+#: Returns {aborted run id or false, ixop, ixscore}.
 ABORT = INBOX_FUNCTIONS + """
 local run = ARGV[8]
 if SP ~= '' then
