@@ -70,7 +70,6 @@ Agent: TypeAlias = Callable[[Run], Awaitable[None]]
 logger = get_logger("signals")
 
 
-
 class SignalRuntime(ControlMixin, SchedulesMixin, StreamsMixin, RecoveryMixin,
                     AsyncContextManagerMixin):
     """Receive signals for threads; run ``agent`` in exactly one process per thread.
