@@ -145,7 +145,9 @@ async def test_renew_errors_cancel_at_the_deadline_not_before() -> None:
     assert keeper.lost and keeper.lost_reason == "renew deadline passed"
     failed = [e for e in logs if e["event"] == "lease.renew_failed"]
     assert len(failed) >= 2 and len(failed) == len(provider.renew_calls)
-    assert all(t < first_deadline for t in provider.renew_calls)
+    # Each renew starts before the deadline; the provider reads the clock a moment later (a
+    # retry due just before the deadline reached it just after, in about 1 run in 20).
+    assert all(t < first_deadline + 0.001 for t in provider.renew_calls)
     assert "redis is down" in failed[0]["error"]
     assert [e["reason"] for e in logs if e["event"] == "lease.lost"] == ["renew deadline passed"]
 
