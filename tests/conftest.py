@@ -119,6 +119,15 @@ def cluster_url(redis_cluster: RedisCluster) -> str:
     return redis_cluster.url
 
 
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def target(request: pytest.FixtureRequest) -> tuple[str, bool]:
+    """(url, cluster): the session's redis-server, or its 6-node Redis Cluster (a test that
+    takes it runs on both)."""
+    if request.param == "cluster":
+        return request.getfixturevalue("cluster_url"), True
+    return request.getfixturevalue("redis_url"), False
+
+
 @pytest.fixture
 def key_prefix() -> str:
     """A prefix unique to this test, so tests share the server without FLUSHDB."""

@@ -33,14 +33,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def target(request: pytest.FixtureRequest) -> tuple[str, bool]:
-    """(url, cluster): the session's redis-server, or its 6-node Redis Cluster."""
-    if request.param == "cluster":
-        return request.getfixturevalue("cluster_url"), True
-    return request.getfixturevalue("redis_url"), False
-
-
 def _shape(delivery: Delivery) -> tuple[Any, ...]:
     """What a send's result says, without the ids that differ from thread to thread."""
     return (delivery.outcome, delivery.duplicate, delivery.owner is not None,
