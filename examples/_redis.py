@@ -8,20 +8,36 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
-__all__ = ["local_redis", "redis_server_available"]
+__all__ = ["local_redis", "on_redis", "redis_server_available"]
 
 
 def redis_server_available() -> bool:
     """True when ``redis-server`` is on ``PATH``."""
     return shutil.which("redis-server") is not None
+
+
+def on_redis(url: str | None, run: Callable[[str], int]) -> int:
+    """``run(url)``; without ``url``, on a local ``redis-server`` started for it (exit status 2
+    and a message saying what to install when there is none)."""
+    if url:
+        return run(url)
+    if not redis_server_available():
+        print("error: no --redis-url given and redis-server is not on PATH "
+              "(apt-get install -y redis-server, or pass --redis-url redis://HOST:PORT/0)",
+              file=sys.stderr)
+        return 2
+    with local_redis() as local:
+        print(f"(started a local redis-server at {local})", flush=True)
+        return run(local)
 
 
 def _free_port() -> int:

@@ -152,18 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.processes < 1:
         parser.error("--processes must be >= 1")
-    if args.redis_url:
-        return run_parent(args.redis_url, args.processes)
-    from _redis import local_redis, redis_server_available
+    from _redis import on_redis
 
-    if not redis_server_available():
-        print("error: no --redis-url given and redis-server is not on PATH "
-              "(apt-get install -y redis-server, or pass --redis-url redis://HOST:PORT/0)",
-              file=sys.stderr)
-        return 2
-    with local_redis() as url:
-        print(f"(started a local redis-server at {url})")
-        return run_parent(url, args.processes)
+    return on_redis(args.redis_url, lambda url: run_parent(url, args.processes))
 
 
 if __name__ == "__main__":

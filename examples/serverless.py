@@ -208,18 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nOK: no signal lost" if ok else "\nMISMATCH")
         return 0 if ok else 1
 
-    if args.redis_url:
-        return run(args.redis_url)
-    from _redis import local_redis, redis_server_available
+    from _redis import on_redis
 
-    if not redis_server_available():
-        print("error: no --redis-url given and redis-server is not on PATH "
-              "(apt-get install -y redis-server, or pass --redis-url redis://HOST:PORT/0)",
-              file=sys.stderr)
-        return 2
-    with local_redis() as url:
-        print(f"(started a local redis-server at {url})")
-        return run(url)
+    return on_redis(args.redis_url, run)
 
 
 if __name__ == "__main__":

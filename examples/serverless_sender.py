@@ -136,18 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.senders < 3:
         parser.error("--senders must be >= 3")
-    if args.redis_url:
-        return 0 if run(args.redis_url, args.senders) else 1
-    from _redis import local_redis, redis_server_available
+    from _redis import on_redis
 
-    if not redis_server_available():
-        print("error: no --redis-url given and redis-server is not on PATH "
-              "(apt-get install -y redis-server, or pass --redis-url redis://HOST:PORT/0)",
-              file=sys.stderr)
-        return 2
-    with local_redis() as url:
-        print(f"(started a local redis-server at {url})")
-        return 0 if run(url, args.senders) else 1
+    return on_redis(args.redis_url, lambda url: 0 if run(url, args.senders) else 1)
 
 
 if __name__ == "__main__":

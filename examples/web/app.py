@@ -181,18 +181,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    if args.redis_url:
-        return run_both(args.redis_url, args)
-    from _redis import local_redis, redis_server_available
+    from _redis import on_redis
 
-    if not redis_server_available():
-        print("error: no --redis-url given and redis-server is not on PATH "
-              "(apt-get install -y redis-server, or pass --redis-url redis://HOST:PORT/0)",
-              file=sys.stderr)
-        return 2
-    with local_redis() as url:
-        print(f"(started a local redis-server at {url})", flush=True)
-        return run_both(url, args)
+    return on_redis(args.redis_url, lambda url: run_both(url, args))
 
 
 if __name__ == "__main__":
