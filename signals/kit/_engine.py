@@ -9,7 +9,7 @@ from signals._model import EntryMode, Signal
 from signals.kit._capabilities import CARRY_LIMIT, Claim, Claimed, Notice, Routed
 from signals.kit._core import Limits, run_runtime
 from signals.kit._rules import Outbox, Rules, entry_of
-from signals.kit._tables import Tables
+from signals.kit._tables import Tables, ThreadRow
 
 __all__ = ["Engine", "Outbox"]
 
@@ -40,9 +40,8 @@ class Engine(Rules):
             t.save_thread(th)
             outbox.add(None, Notice("due", key, reason=repr(accepted.due_at)))
             return Routed(accepted, owner)
-        if owner is not None and interrupt:
-            th.abort = owner  # the owner stops; the signal waits for the next run
-            outbox.add(run_runtime(owner), Notice("abort", key, owner, "interrupt"))
+        if owner is not None and interrupt:  # the owner stops; the signal waits for the next run
+            _abort_run(th, key, owner, "interrupt", outbox)
             self._index(th, t.now)
             t.save_thread(th)
             return Routed(accepted, owner)
@@ -125,10 +124,16 @@ class Engine(Rules):
             return None
         run = live[0]
         th = self._thread(t, key)
-        th.abort = run
         if clear:
             self._remove(t, th, t.rows(key, th.pending, 0), "cancelled", run=run)
             self._emptied(t, th)
+        _abort_run(th, key, run, reason, outbox)
         t.save_thread(th)
-        outbox.add(run_runtime(run), Notice("abort", key, run, reason))
         return run
+
+
+def _abort_run(th: ThreadRow, key: str, run: str, reason: str, outbox: Outbox) -> None:
+    """Mark ``run`` aborted on its thread and tell its runtime (``abort`` and an interrupting
+    ``route``)."""
+    th.abort = run
+    outbox.add(run_runtime(run), Notice("abort", key, run, reason))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -28,10 +28,6 @@ from _signal_leases.redis_support import is_cluster, node_reader_client, refresh
 from signals._backends.redis.inbox import RedisInbox
 from signals.kit._capabilities import Notice, RuntimeInfo
 from signals.kit._core import Due, decode_entry
-
-if TYPE_CHECKING:
-
-    pass
 
 __all__ = ["RedisPresence"]
 
