@@ -190,7 +190,15 @@ class Signal:
         self, *, attempt: int | None = None, mode: EntryMode | None = None,
         folded: tuple[str, ...] | None = None,
     ) -> Signal:
-        """A copy with the delivery fields changed (no re-validation: the rest is the same)."""
+        """A copy with the delivery fields changed (no re-validation: the rest is the same);
+        this signal itself when they are already so (a signal is immutable)."""
+        if ((attempt is None or attempt == self.attempt) and (mode is None or mode == self.mode)
+                and (folded is None or folded == self.folded)):
+            return self
+        return self._copy(attempt, mode, folded)
+
+    def _copy(self, attempt: int | None = None, mode: EntryMode | None = None,
+              folded: tuple[str, ...] | None = None) -> Signal:
         copy = object.__new__(Signal)
         for name in _STORED:
             object.__setattr__(copy, name, getattr(self, name))
@@ -201,7 +209,7 @@ class Signal:
 
     def with_trace_context(self, carrier: dict[str, str]) -> Signal:
         """A copy carrying ``carrier`` (W3C trace context headers) as ``trace_context``."""
-        copy = self.evolve()
+        copy = self._copy()
         object.__setattr__(copy, "trace_context", dict(carrier))
         object.__setattr__(copy, "_encoded", None)
         return copy

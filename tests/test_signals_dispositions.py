@@ -18,6 +18,7 @@ import pytest
 
 from pubsub import InMemoryPubSub, PostgresPubSub, RedisStreamsPubSub, SQLitePubSub
 from signals import Run, Signal, SignalRuntime
+from signals.kit import decode_entry
 
 pytestmark = pytest.mark.anyio
 
@@ -215,6 +216,21 @@ def test_a_signal_is_encoded_once_when_it_is_made(monkeypatch: pytest.MonkeyPatc
         Signal(1, id="s2", created_at=math.nan)
     copy = signal.with_trace_context({"traceparent": "00-ab-cd-01"})
     assert json.loads(copy.encode())["trace_context"] == {"traceparent": "00-ab-cd-01"}
+    assert signal.trace_context is None and "trace_context" not in signal.encode()
+
+
+def test_a_hand_out_copies_a_signal_only_when_its_delivery_fields_change() -> None:
+    """A routed signal is handed out as the object that was sent when its attempt, mode and
+    folded ids are already those of the hand-out (a signal is immutable): no copy per signal."""
+    signal = Signal({"n": 1}, id="s1", type="t")
+    assert signal.evolve(attempt=1, mode="deliver", folded=()) is signal
+    entry = decode_entry("1", signal.encode(), "deliver", 1, signal=signal)
+    assert entry.signal is signal
+    again = signal.evolve(attempt=2)
+    assert (again.attempt, signal.attempt, again.id, again.encode()) == (2, 1, "s1",
+                                                                         signal.encode())
+    queued = decode_entry("1", signal.encode(), "queue", 3, signal=signal).signal
+    assert (queued.mode, queued.attempt, signal.mode) == ("queue", 3, "deliver")
 
 
 async def test_bad_dispositions_name_the_argument(pubsub: Any) -> None:

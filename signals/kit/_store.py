@@ -100,7 +100,7 @@ class KitStore:
         :meth:`FusedRouting.route`)."""
         if self.fused is not None:
             request = self._claim() if claim else None
-            sent_at = loop_time()
+            sent_at = loop_time() if request is not None else 0.0  # when the claim was sent
             routed = await self.fused.route(
                 thread_key, signal, mode, claim=request, sender=self.runtime_id,
                 wake_workers=wake_workers, limits=limits,

@@ -5,6 +5,7 @@ cursor raises :class:`~signals.CursorExpiredError` instead of skipping parts sil
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import deque
@@ -22,9 +23,29 @@ from signals.kit._capabilities import PartIn
 __all__ = ["MemoryOutput"]
 
 
+class _Part:
+    """A stored part; its :class:`StreamPart` (the JSON decoded) is built when first read, as
+    most lifecycle parts are never read."""
+
+    __slots__ = ("_built", "at", "key", "n", "now", "part")
+
+    def __init__(self, n: int, now: float, key: str, part: PartIn, at: float) -> None:
+        self.n, self.now, self.key, self.part, self.at = n, now, key, part, at
+        self._built: StreamPart | None = None
+
+    def get(self) -> StreamPart:
+        built = self._built
+        if built is None:
+            p = self.part
+            built = self._built = StreamPart(str(self.n), self.key, p.run_id or None, p.kind,
+                                             json.loads(p.data) if p.data else None,
+                                             p.signal_id, self.at)
+        return built
+
+
 @dataclass(slots=True)
 class _Output:
-    parts: deque[tuple[int, float, StreamPart]] = field(default_factory=deque)  # (n, at, part)
+    parts: deque[_Part] = field(default_factory=deque)
     trimmed: int = 0  # the newest cursor number removed by retention
     waiters: list[tuple[int, anyio.Event]] = field(default_factory=list)
 
@@ -48,22 +69,18 @@ class MemoryOutput:
 
     def _trim(self, out: _Output, now: float) -> None:
         horizon = now - self.stream_retention_ms / 1000
-        while out.parts and (len(out.parts) > self.stream_max_parts or out.parts[0][1] <= horizon):
-            out.trimmed = out.parts.popleft()[0]
+        while out.parts and (len(out.parts) > self.stream_max_parts or out.parts[0].now <= horizon):
+            out.trimmed = out.parts.popleft().n
 
     def _append(self, thread_key: str, part: PartIn) -> str:
         now = self._clock()
         out = self._output(thread_key)
-        self._part_seq += 1
-        cursor = str(self._part_seq)
-        data = json.loads(part.data) if part.data else None
-        stored = StreamPart(cursor, thread_key, part.run_id or None, part.kind, data,
-                            part.signal_id, time.time())
-        out.parts.append((self._part_seq, now, stored))
+        n = self._part_seq = self._part_seq + 1
+        out.parts.append(_Part(n, now, thread_key, part, time.time()))
         self._trim(out, now)
         for _, event in out.waiters:
             event.set()
-        return cursor
+        return str(n)
 
     async def emit(self, thread_key: str, parts: Sequence[PartIn]) -> list[str]:
         await anyio.lowlevel.checkpoint()
@@ -80,7 +97,8 @@ class MemoryOutput:
                 f"cursor {after!r} of thread {thread_key!r} is older than the stream retains; "
                 f"read again from after=None"
             )
-        return [p for n, _, p in out.parts if n > start][:limit]
+        return [p.get() for p in itertools.islice(
+            (p for p in out.parts if p.n > start), limit)]
 
     async def stream_read(
         self, thread_key: str, *, after: str | None = None, limit: int = 100
@@ -91,7 +109,7 @@ class MemoryOutput:
     async def stream_tail(self, thread_key: str) -> str | None:
         await anyio.lowlevel.checkpoint()
         out = self._outputs.get(thread_key)
-        return str(out.parts[-1][0]) if out is not None and out.parts else None
+        return str(out.parts[-1].n) if out is not None and out.parts else None
 
     @asynccontextmanager
     async def follower(self) -> AsyncIterator[MemoryOutput]:

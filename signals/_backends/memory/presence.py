@@ -74,8 +74,12 @@ class MemoryPresence:
         self._notify(runtime_id, notice)
 
     def _notify(self, runtime_id: str | None, notice: Notice) -> None:
-        targets = self._workers if runtime_id is None else {runtime_id}
-        for rid in list(targets):
+        if runtime_id is not None:
+            handler = self._listeners.get(runtime_id)
+            if handler is not None:
+                handler(notice)
+            return
+        for rid in list(self._workers):
             handler = self._listeners.get(rid)
             if handler is not None:
                 handler(notice)
