@@ -6,6 +6,7 @@ write cannot wait."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import redis.asyncio
@@ -106,6 +107,8 @@ class _QuickWrites:
 
     _reader: Any
     _writer: Any
+    _command_packer: Any
+    encoder: Any
     health_check_interval: float
     next_health_check: float
     disconnect: Any
@@ -132,6 +135,55 @@ class _QuickWrites:
                 command = chunks
         slow: Any = super()
         await slow.send_packed_command(command, check_health)
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        """The command packed without redis-py's per-argument encoder (a script call of ours
+        has about 50 arguments, and the encoder's type checks cost more than the packing):
+        by hiredis when redis-py uses it, which converts ``str`` (UTF-8), ``bytes``, ``int``
+        and ``float`` (as ``repr``) itself and refuses anything else; otherwise by
+        :func:`_pack`, the same for those four types. Taken only for a one-word command name
+        (redis-py splits ``"CONFIG GET"``) and a UTF-8 strict encoder; arguments of any
+        other type go through redis-py's path, which converts them or raises its
+        ``DataError``."""
+        name, encoder = args[0], self.encoder
+        if (type(name) is str and name.isalnum() and encoder.encoding in _UTF8
+                and encoder.encoding_errors == "strict"):
+            if self._command_packer is not None:
+                try:
+                    return [_hiredis_pack(args)]
+                except TypeError:
+                    pass
+            else:
+                packed = _pack(args)
+                if packed is not None:
+                    return [packed]
+        slow: Any = super()
+        result: list[bytes] = slow.pack_command(*args)
+        return result
+
+
+def _pack(args: tuple[Any, ...]) -> bytes | None:
+    """``args`` as one RESP command, or ``None`` for an argument that is not ``str``,
+    ``bytes``, ``int`` or ``float`` (exactly: a ``bool`` or a subclass is left to redis-py)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            arg = arg.encode()
+        elif kind is int:
+            arg = b"%d" % arg
+        elif kind is float:
+            arg = repr(arg).encode()
+        elif kind is not bytes:
+            return None
+        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+    return b"".join(out)
+
+
+_UTF8 = ("utf-8", "utf8", "UTF-8")
+_hiredis_pack: Any = None
+with contextlib.suppress(ImportError):  # without it redis-py packs in Python (no packer)
+    from hiredis import pack_command as _hiredis_pack
 
 
 _QUICK: dict[type, type] = {}

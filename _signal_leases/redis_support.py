@@ -292,10 +292,11 @@ class RedisHandle:
         calls: Sequence[tuple[list[str], list[Any]]],
         operation: str,
     ) -> list[Any]:
-        """Run ``script`` (a redis-py ``AsyncScript``) once per (keys, args) in ``calls``: one
-        pipeline, so one round trip per node, each node's EVALSHAs followed by WAIT when
-        ``wait_replicas`` is set. A node that lacks the script (a restart, a failover) gets
-        SCRIPT LOAD and its calls again. Raises the first error reply."""
+        """Run ``script`` (a :class:`~_signal_leases.redis_script.Script`) once per (keys,
+        args) in ``calls``: one pipeline, so one round trip per node, each node's EVALSHAs
+        followed by WAIT when ``wait_replicas`` is set. A node that lacks the script (a
+        restart, a failover) gets SCRIPT LOAD and its calls again. Raises the first error
+        reply."""
         commands = [
             (keys[0], "EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
         ]

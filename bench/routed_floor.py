@@ -14,7 +14,8 @@ docs/guarantees.md requires of every routed signal, written by hand with nothing
   the send's outcome; ``raw``: the hand-off alone. What it leaves out is every feature beyond
   a plain routed signal: priorities, lanes, delays, caps, attempts, logs, telemetry.
 * **Redis**: ``ours`` (``bench.signals.routed`` over ``RedisStreamsPubSub``); ``floor``: the
-  design's two scripts and its notice through bare redis-py: a sender calls the route script
+  design's two scripts and its notice through bare redis-py clients (whose connections write
+  and pack commands as the library's do): a sender calls the route script
   with the arguments a real ``send`` passed (a new signal id each time), a raw subscriber
   reads the notice that carries the signal, and calls the settle script a real ``ack``
   passed; ``raw``: XADD, XREADGROUP, XACK (``bench.signals.raw_streams``).
@@ -48,6 +49,7 @@ import anyio
 import redis.asyncio
 import structlog
 
+from _signal_leases.redis_pools import quick_writes
 from bench._server import redis_url
 from bench.signals import memory_stream, raw_streams, routed
 from pubsub import InMemoryPubSub, RedisStreamsPubSub
@@ -173,9 +175,8 @@ class _RedisFloor:
         """Signals per second: bare route script -> raw notice subscriber -> bare settle."""
         store = self.store
         assert store is not None
-        sender = redis.asyncio.Redis.from_url(self.url)
-        worker = redis.asyncio.Redis.from_url(self.url)
-        listener = redis.asyncio.Redis.from_url(self.url).pubsub()
+        sender, worker, listening = (_client(self.url) for _ in range(3))
+        listener = listening.pubsub()
         accept, settle = store._lua["accept"], store._lua["settle"]
         keys, header = store._keys("floor", None), store._header("floor")
         route_args, settle_args = self.calls["accept"], self.calls["settle"]
@@ -210,9 +211,19 @@ class _RedisFloor:
                              client=sender)
         rate = n / (time.perf_counter() - start)
         await listener.aclose()
-        await sender.aclose()
-        await worker.aclose()
+        for client in (sender, worker, listening):
+            await client.aclose()
         return rate
+
+
+def _client(url: str) -> redis.asyncio.Redis:
+    """A bare redis-py client whose connections write and pack commands as the library's do
+    (``_signal_leases.redis_pools.quick_writes``): the floor measures the design, not
+    redis-py's per-command costs that the library avoids."""
+    client = redis.asyncio.Redis.from_url(url)
+    pool = client.connection_pool
+    pool.connection_class = quick_writes(pool.connection_class)
+    return client
 
 
 async def compare(name: str, benches: dict[str, Bench], rounds: int, n: int) -> None:

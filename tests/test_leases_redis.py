@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 import redis.asyncio
+import redis.exceptions
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -160,7 +163,7 @@ async def test_validation_happens_before_any_io() -> None:
 
 
 async def test_survives_a_server_restart(private_redis_server: RedisServer) -> None:
-    """Scripts vanish with the restart (no persistence): redis-py reloads them on NOSCRIPT."""
+    """Scripts vanish with the restart (no persistence): loaded again on NOSCRIPT."""
     client = redis.asyncio.Redis.from_url(
         private_redis_server.url, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
     )
@@ -290,3 +293,89 @@ async def test_a_command_is_written_without_a_timer_unless_the_write_could_wait(
             assert len(timers) == 5
         finally:
             await plain.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("packer", ["hiredis", "python"])
+@pytest.mark.parametrize("cluster", [False, pytest.param(True, marks=pytest.mark.cluster)])
+async def test_a_command_is_packed_without_redis_pys_encoder(
+    anyio_backend: str, packer: str, cluster: bool, request: pytest.FixtureRequest,
+    key_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py runs its Python encoder on every argument of every command (a script call of
+    ours has about 50), even when hiredis packs the command. A client built from ``url``
+    packs ``str``, ``bytes``, ``int`` and ``float`` without redis-py's packers (by hiredis, or
+    in Python without it); other arguments take redis-py's path: converted (``memoryview``)
+    or refused with its ``DataError`` (``bool``). A plain redis-py client is the control."""
+    import redis.asyncio.connection
+    from redis.connection import HiredisRespSerializer
+
+    if packer == "python":  # as without the hiredis extra (redis-py reads this per connection)
+        monkeypatch.setattr(redis.asyncio.connection, "HIREDIS_AVAILABLE", False)
+    else:
+        pytest.importorskip("hiredis")
+    url = request.getfixturevalue("cluster_url" if cluster else "redis_url")
+    packed: list[tuple[Any, ...]] = []  # the commands redis-py's packers packed
+    python, serializer = (redis.asyncio.connection.AbstractConnection._pack_command_python,
+                          HiredisRespSerializer.pack)
+
+    def python_counted(self: Any, *args: Any) -> Any:
+        packed.append(args)
+        return python(self, *args)
+
+    def serializer_counted(self: Any, *args: Any) -> Any:
+        packed.append(args)
+        return serializer(self, *args)
+
+    monkeypatch.setattr(redis.asyncio.connection.AbstractConnection, "_pack_command_python",
+                        python_counted)
+    monkeypatch.setattr(HiredisRespSerializer, "pack", serializer_counted)
+    async with RedisLeaseProvider(url=url, key_prefix=key_prefix, cluster=cluster) as provider:
+        key = f"{{{key_prefix}}}packed"
+        for _ in range(2):  # the first connects (to each node) and loads the scripts
+            packed.clear()
+            for n in range(5):
+                assert (await provider.acquire_lease(f"k{n}", "o", 10_000)).acquired
+                await provider.renew_lease(f"k{n}", "o", 10_000)
+                await provider.release_lease(f"k{n}", "o")
+        for value, stored in (("é ü", "é ü".encode()), (b"\x00\xff", b"\x00\xff"),
+                              (-12, b"-12"), (0.1, b"0.1"), (1e300, b"1e+300")):
+            await provider.client.set(key, value)
+            assert await provider.client.get(key) == stored
+        assert packed == []
+        await provider.client.set(key, memoryview(b"mv"))  # hiredis, or redis-py's path
+        assert await provider.client.get(key) == b"mv"
+        with pytest.raises(redis.exceptions.DataError, match="bool"):
+            await provider.client.set(key, True)
+        assert packed[-1] == ("SET", key, True)  # refused by redis-py's path
+        await provider.client.script_flush()  # NOSCRIPT: loaded again, called again
+        assert (await provider.acquire_lease("after-flush", "o", 10_000)).acquired
+        await provider.client.delete(key)
+    if not cluster:
+        plain = redis.asyncio.Redis.from_url(url)
+        try:
+            packed.clear()
+            await plain.set(key, "x")
+            assert ("SET", key, "x") in packed, "the control: redis-py packs it"
+        finally:
+            await plain.aclose()
+
+
+_ARG = (st.text() | st.binary() | st.integers() | st.floats()
+        | st.floats(allow_nan=False).map(lambda f: f * 1e300))
+
+
+@given(name=st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=1, max_size=10),
+       args=st.lists(_ARG, max_size=12))
+def test_the_packers_write_what_redis_py_writes(name: str, args: list[Any]) -> None:
+    """The Python packer and hiredis write byte for byte what redis-py's own packer writes,
+    for the four types they take (text with any code point, floats of any size, inf, nan)."""
+    import redis.asyncio.connection
+
+    from _signal_leases import redis_pools
+
+    command = (name, *args)
+    reference = b"".join(redis.asyncio.connection.Connection()._pack_command_python(*command))
+    assert redis_pools._pack(command) == reference
+    if redis_pools._hiredis_pack is not None:
+        assert redis_pools._hiredis_pack(command) == reference

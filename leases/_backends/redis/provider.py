@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self, Unpack
 
 from _signal_leases.keys import LeaseKeys
+from _signal_leases.redis_script import Script
 from _signal_leases.redis_support import (
     RedisHandle,
     RedisWriteOptions,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     import redis.asyncio
-    from redis.commands.core import AsyncScript
+
 
 __all__ = ["RedisLeaseProvider"]
 
@@ -100,14 +101,14 @@ class RedisLeaseProvider:
         self.key_prefix = key_prefix
         self.keys = LeaseKeys(key_prefix)
         self._session_prefix = f"{key_prefix}:session:"
-        register = self.client.register_script
-        self._acquire: AsyncScript = register(ACQUIRE)
-        self._owner: AsyncScript = register(OWNER)
-        self._release: AsyncScript = register(RELEASE)
-        self._renew: AsyncScript = register(RENEW)
-        self._renew_many: AsyncScript = register(RENEW_MANY)
-        self._transfer: AsyncScript = register(TRANSFER)
-        self._info: AsyncScript = register(INFO)
+        client = self.client
+        self._acquire: Script = Script(client, ACQUIRE)
+        self._owner: Script = Script(client, OWNER)
+        self._release: Script = Script(client, RELEASE)
+        self._renew: Script = Script(client, RENEW)
+        self._renew_many: Script = Script(client, RENEW_MANY)
+        self._transfer: Script = Script(client, TRANSFER)
+        self._info: Script = Script(client, INFO)
         self._renewer: Any = None  # a pool of its own for renewals, built on first use
         self._dedicated = self._handle.owns_client if dedicated_renewals is None else bool(
             dedicated_renewals
@@ -122,7 +123,7 @@ class RedisLeaseProvider:
         return self.keys.fence(key)
 
     async def _call(
-        self, script: AsyncScript, operation: str, keys: list[str], *args: Any, writes: bool = True
+        self, script: Script, operation: str, keys: list[str], *args: Any, writes: bool = True
     ) -> Any:
         self._handle.require_asyncio()
         try:  # one try per call (not a context manager): this is the hot path
@@ -322,8 +323,8 @@ class RedisLeaseProvider:
                 side_client(self.client, name=f"{self.key_prefix}:renewals")
                 if self._dedicated else self.client
             )
-            self._renew_many_on_renewer = self._renewer.register_script(RENEW_MANY)
-            self._renew_on_renewer = self._renewer.register_script(RENEW)
+            self._renew_many_on_renewer = Script(self._renewer, RENEW_MANY)
+            self._renew_on_renewer = Script(self._renewer, RENEW)
         return self._renewer
 
     async def aclose(self) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from _signal_leases.keys import LeaseKeys, SignalKeys
 from _signal_leases.logs import get_logger
+from _signal_leases.redis_script import Script
 from _signal_leases.redis_support import (
     RedisHandle,
     RedisWriteOptions,
@@ -108,8 +109,7 @@ class RedisInbox:
         self._stream_cfg = (f"{self.stream_max_parts}:{self.stream_retention_ms}:"
                             f"{'1' if self._handle.cluster else '2'}")
         self._idx = "0" if self._handle.cluster else "1"
-        register = self.client.register_script
-        self._lua = {name: register(src) for name, src in (
+        self._lua = {name: Script(self.client, src) for name, src in (
             ("accept", ACCEPT), ("take", TAKE), ("settle", SETTLE), ("withdraw", WITHDRAW),
             ("look_at", LOOK_AT), ("pause", PAUSE), ("revive", REVIVE), ("claim", CLAIM),
             ("release", RELEASE_IF_IDLE), ("abort", ABORT),

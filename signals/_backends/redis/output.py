@@ -19,6 +19,7 @@ import anyio
 
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import CursorExpiredError
+from _signal_leases.redis_script import Script
 from _signal_leases.redis_support import stream_id, text
 from signals._backends.redis.follower import RedisFollower
 from signals._backends.redis.inbox import RedisInbox
@@ -38,7 +39,7 @@ class RedisOutput(RedisInbox):
     def _scripts(self) -> tuple[Any, Any]:
         scripts = getattr(self, "_output_scripts", None)
         if scripts is None:
-            scripts = (self.client.register_script(EMIT), self.client.register_script(READ_STREAM))
+            scripts = (Script(self.client, EMIT), Script(self.client, READ_STREAM))
             self._output_scripts = scripts
         return scripts
 
