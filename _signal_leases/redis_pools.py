@@ -107,7 +107,6 @@ class _QuickWrites:
 
     _reader: Any
     _writer: Any
-    _command_packer: Any
     encoder: Any
     health_check_interval: float
     next_health_check: float
@@ -139,8 +138,9 @@ class _QuickWrites:
     def pack_command(self, *args: Any) -> list[bytes]:
         """The command packed without redis-py's per-argument encoder (a script call of ours
         has about 50 arguments, and the encoder's type checks cost more than the packing):
-        by hiredis when redis-py uses it, which converts ``str`` (UTF-8), ``bytes``, ``int``
-        and ``float`` (as ``repr``) itself and refuses anything else; otherwise by
+        by hiredis when it is installed, which converts ``str`` (UTF-8), ``bytes``, ``int``
+        and ``float`` (as ``repr``) itself and refuses anything else (redis-py 8 runs its
+        encoder first, and redis-py 6 packs in Python even with hiredis); otherwise by
         :func:`_pack`, the same for those four types. Taken only for a one-word command name
         (redis-py splits ``"CONFIG GET"``) and a UTF-8 strict encoder; arguments of any
         other type go through redis-py's path, which converts them or raises its
@@ -148,7 +148,7 @@ class _QuickWrites:
         name, encoder = args[0], self.encoder
         if (type(name) is str and name.isalnum() and encoder.encoding in _UTF8
                 and encoder.encoding_errors == "strict"):
-            if self._command_packer is not None:
+            if _hiredis_pack is not None:
                 try:
                     return [_hiredis_pack(args)]
                 except TypeError:
@@ -181,8 +181,8 @@ def _pack(args: tuple[Any, ...]) -> bytes | None:
 
 
 _UTF8 = ("utf-8", "utf8", "UTF-8")
-_hiredis_pack: Any = None
-with contextlib.suppress(ImportError):  # without it redis-py packs in Python (no packer)
+_hiredis_pack: Any = None  # (tests set it to None to take the Python packer)
+with contextlib.suppress(ImportError):  # not installed, or older than pack_command (2.1)
     from hiredis import pack_command as _hiredis_pack
 
 

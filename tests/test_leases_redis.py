@@ -308,28 +308,24 @@ async def test_a_command_is_packed_without_redis_pys_encoder(
     in Python without it); other arguments take redis-py's path: converted (``memoryview``)
     or refused with its ``DataError`` (``bool``). A plain redis-py client is the control."""
     import redis.asyncio.connection
-    from redis.connection import HiredisRespSerializer
 
-    if packer == "python":  # as without the hiredis extra (redis-py reads this per connection)
+    from _signal_leases import redis_pools
+
+    if packer == "python":  # as without the hiredis extra
         monkeypatch.setattr(redis.asyncio.connection, "HIREDIS_AVAILABLE", False)
+        monkeypatch.setattr(redis_pools, "_hiredis_pack", None)
     else:
         pytest.importorskip("hiredis")
     url = request.getfixturevalue("cluster_url" if cluster else "redis_url")
-    packed: list[tuple[Any, ...]] = []  # the commands redis-py's packers packed
-    python, serializer = (redis.asyncio.connection.AbstractConnection._pack_command_python,
-                          HiredisRespSerializer.pack)
+    packed: list[tuple[Any, ...]] = []  # the commands redis-py's packing packed
+    base = redis.asyncio.connection.AbstractConnection
+    pack = base.pack_command  # (what a plain connection calls; ours only for a fallback)
 
-    def python_counted(self: Any, *args: Any) -> Any:
+    def counted(self: Any, *args: Any) -> Any:
         packed.append(args)
-        return python(self, *args)
+        return pack(self, *args)
 
-    def serializer_counted(self: Any, *args: Any) -> Any:
-        packed.append(args)
-        return serializer(self, *args)
-
-    monkeypatch.setattr(redis.asyncio.connection.AbstractConnection, "_pack_command_python",
-                        python_counted)
-    monkeypatch.setattr(HiredisRespSerializer, "pack", serializer_counted)
+    monkeypatch.setattr(base, "pack_command", counted)
     async with RedisLeaseProvider(url=url, key_prefix=key_prefix, cluster=cluster) as provider:
         key = f"{{{key_prefix}}}packed"
         for _ in range(2):  # the first connects (to each node) and loads the scripts
@@ -375,7 +371,9 @@ def test_the_packers_write_what_redis_py_writes(name: str, args: list[Any]) -> N
     from _signal_leases import redis_pools
 
     command = (name, *args)
-    reference = b"".join(redis.asyncio.connection.Connection()._pack_command_python(*command))
+    connection = redis.asyncio.connection.Connection()  # (redis-py 6 packs only in Python)
+    python = getattr(connection, "_pack_command_python", connection.pack_command)
+    reference = b"".join(python(*command))
     assert redis_pools._pack(command) == reference
     if redis_pools._hiredis_pack is not None:
         assert redis_pools._hiredis_pack(command) == reference
