@@ -49,7 +49,7 @@ import anyio
 import redis.asyncio
 import structlog
 
-from _signal_leases.redis_pools import quick_writes
+from _signal_leases.redis.pools import quick_writes
 from bench._server import redis_url
 from bench.signals import memory_stream, raw_streams, routed
 from pubsub import InMemoryPubSub, RedisStreamsPubSub
@@ -218,7 +218,7 @@ class _RedisFloor:
 
 def _client(url: str) -> redis.asyncio.Redis:
     """A bare redis-py client whose connections write and pack commands as the library's do
-    (``_signal_leases.redis_pools.quick_writes``): the floor measures the design, not
+    (``_signal_leases.redis.pools.quick_writes``): the floor measures the design, not
     redis-py's per-command costs that the library avoids."""
     client = redis.asyncio.Redis.from_url(url)
     pool = client.connection_pool

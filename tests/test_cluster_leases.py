@@ -15,7 +15,7 @@ import redis.exceptions as rex
 from redis.asyncio.cluster import ClusterNode
 from redis.crc import key_slot
 
-from _signal_leases.redis_support import map_errors
+from _signal_leases.redis.support import map_errors
 from leases import (
     BackendPermanentError,
     BackendUnavailableError,

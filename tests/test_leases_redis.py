@@ -309,7 +309,7 @@ async def test_a_command_is_packed_without_redis_pys_encoder(
     or refused with its ``DataError`` (``bool``). A plain redis-py client is the control."""
     import redis.asyncio.connection
 
-    from _signal_leases import redis_pools
+    from _signal_leases.redis import pools as redis_pools
 
     if packer == "python":  # as without the hiredis extra
         monkeypatch.setattr(redis.asyncio.connection, "HIREDIS_AVAILABLE", False)
@@ -368,7 +368,7 @@ def test_the_packers_write_what_redis_py_writes(name: str, args: list[Any]) -> N
     for the four types they take (text with any code point, floats of any size, inf, nan)."""
     import redis.asyncio.connection
 
-    from _signal_leases import redis_pools
+    from _signal_leases.redis import pools as redis_pools
 
     command = (name, *args)
     connection = redis.asyncio.connection.Connection()  # (redis-py 6 packs only in Python)

@@ -282,7 +282,7 @@ def _failure(exc: BaseException, url: str, *, tail: bool) -> tuple[int, str] | N
     """The exit code and the stderr line for an expected failure, else ``None``."""
     import redis.exceptions as rex
 
-    from _signal_leases.redis_support import is_permanent
+    from _signal_leases.redis.support import is_permanent
 
     leaves = list(_leaves(exc))
     if any(isinstance(e, KeyboardInterrupt) for e in leaves):

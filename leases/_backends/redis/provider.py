@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self, Unpack
 
 from _signal_leases.keys import LeaseKeys
-from _signal_leases.redis_script import Script
-from _signal_leases.redis_support import (
+from _signal_leases.redis.script import Script
+from _signal_leases.redis.support import (
     RedisHandle,
     RedisWriteOptions,
     as_int,

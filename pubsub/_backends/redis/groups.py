@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from _signal_leases.errors import BackendError
-from _signal_leases.redis_support import atomic_pipeline, map_errors, stream_id, text
+from _signal_leases.redis.support import atomic_pipeline, map_errors, stream_id, text
 from pubsub._backends.redis.slots import PAGE, Item, RedisSubscription, Slot
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ import anyio
 
 from _signal_leases.aio import loop_time
 from _signal_leases.errors import BackendError
-from _signal_leases.redis_support import map_errors, text
+from _signal_leases.redis.support import map_errors, text
 from pubsub._backends.redis.slots import PAGE, Slot
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from _signal_leases.errors import BackendError, BackendUnavailableError
-from _signal_leases.redis_support import (
+from _signal_leases.redis.support import (
     is_cluster,
     map_errors,
     node_reader_client,

@@ -16,7 +16,7 @@ import anyio
 
 from _signal_leases.aio import WakeQueue
 from _signal_leases.errors import BackendError
-from _signal_leases.redis_support import map_errors, stream_id, text
+from _signal_leases.redis.support import map_errors, stream_id, text
 from pubsub._contract import Event, EventHandler
 from pubsub._delivery import LoopSubscription, deliver_with_retries
 

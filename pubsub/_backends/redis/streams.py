@@ -33,7 +33,7 @@ from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import BackendError
 from _signal_leases.keys import pubsub_layout
 from _signal_leases.logs import get_logger
-from _signal_leases.redis_support import (
+from _signal_leases.redis.support import (
     RedisClientOptions,
     RedisHandle,
     atomic_pipeline,

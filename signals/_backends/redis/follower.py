@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 
 from _signal_leases.errors import BackendError, BackendUnavailableError
-from _signal_leases.redis_support import (
+from _signal_leases.redis.support import (
     UNAVAILABLE,
     is_cluster,
     map_errors,

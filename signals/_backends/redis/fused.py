@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from _signal_leases.redis_support import as_int, text
+from _signal_leases.redis.support import as_int, text
 from signals._backends.redis.inbox import RedisInbox
 from signals.kit._capabilities import CARRY_LIMIT, Claim, Claimed, Routed
 from signals.kit._core import NO_LIMITS, Limits

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from _signal_leases.keys import LeaseKeys, SignalKeys
 from _signal_leases.logs import get_logger
-from _signal_leases.redis_script import Script
-from _signal_leases.redis_support import (
+from _signal_leases.redis.script import Script
+from _signal_leases.redis.support import (
     RedisHandle,
     RedisWriteOptions,
     as_int,

@@ -19,8 +19,8 @@ import anyio
 
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import CursorExpiredError
-from _signal_leases.redis_script import Script
-from _signal_leases.redis_support import stream_id, text
+from _signal_leases.redis.script import Script
+from _signal_leases.redis.support import stream_id, text
 from signals._backends.redis.follower import RedisFollower
 from signals._backends.redis.inbox import RedisInbox
 from signals._backends.redis.lua import EMIT, READ_STREAM

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from _signal_leases.redis_support import text
+from _signal_leases.redis.support import text
 from signals._model import StreamPart
 
 __all__ = ["Waiter", "Waiters", "decode_announcement", "decode_part"]

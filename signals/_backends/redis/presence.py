@@ -24,7 +24,7 @@ import anyio
 
 from _signal_leases.aio import owned_task_group
 from _signal_leases.errors import BackendError
-from _signal_leases.redis_support import is_cluster, node_reader_client, refresh_slots, text
+from _signal_leases.redis.support import is_cluster, node_reader_client, refresh_slots, text
 from signals._backends.redis.inbox import RedisInbox
 from signals.kit._capabilities import Notice, RuntimeInfo
 from signals.kit._core import Due, decode_entry

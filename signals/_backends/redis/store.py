@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
-from _signal_leases.redis_support import as_int, text
+from _signal_leases.redis.support import as_int, text
 from signals._backends.redis.fused import RedisFused
 from signals._backends.redis.inbox import InboxOptions
 from signals._backends.redis.output import RedisOutput

@@ -25,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 
 from _signal_leases.errors import BackendPermanentError, BackendUnavailableError
-from _signal_leases.redis_pools import (
+from _signal_leases.redis.pools import (
     DEFAULT_MAX_CONNECTIONS,
     WaitingConnectionPool,
     WaitingRedisCluster,
@@ -292,7 +292,7 @@ class RedisHandle:
         calls: Sequence[tuple[list[str], list[Any]]],
         operation: str,
     ) -> list[Any]:
-        """Run ``script`` (a :class:`~_signal_leases.redis_script.Script`) once per (keys,
+        """Run ``script`` (a :class:`~_signal_leases.redis.script.Script`) once per (keys,
         args) in ``calls``: one pipeline, so one round trip per node, each node's EVALSHAs
         followed by WAIT when ``wait_replicas`` is set. A node that lacks the script (a
         restart, a failover) gets SCRIPT LOAD and its calls again. Raises the first error

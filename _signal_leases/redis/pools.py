@@ -6,7 +6,7 @@ write cannot wait."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import sys
 from typing import Any
 
 import redis.asyncio
@@ -181,9 +181,10 @@ def _pack(args: tuple[Any, ...]) -> bytes | None:
 
 
 _UTF8 = ("utf-8", "utf8", "UTF-8")
-_hiredis_pack: Any = None  # (tests set it to None to take the Python packer)
-with contextlib.suppress(ImportError):  # not installed, or older than pack_command (2.1)
-    from hiredis import pack_command as _hiredis_pack
+#: hiredis's packer, if redis-py imported hiredis (it does at import when it is installed; no
+#: second import attempt here) and it has one (2.1 and later). Tests set it to ``None`` to take
+#: the Python packer.
+_hiredis_pack: Any = getattr(sys.modules.get("hiredis"), "pack_command", None)
 
 
 _QUICK: dict[type, type] = {}
