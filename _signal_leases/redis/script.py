@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
-__all__ = ["Script"]
+from _signal_leases.redis.support import map_errors
+
+if TYPE_CHECKING:
+    from _signal_leases.redis.support import RedisHandle
+
+__all__ = ["Script", "run_script"]
 
 
 class Script:
@@ -38,3 +43,22 @@ class Script:
         except redis.exceptions.NoScriptError:
             self.sha = await target.script_load(self.script)
             return await target.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+async def run_script(handle: RedisHandle, script: Script, keys: Sequence[Any],
+                     args: Sequence[Any], operation: str, *, writes: bool = True) -> Any:
+    """``script`` on ``handle``'s client, as every backend calls one: on asyncio only, after a
+    Cluster client learnt its slots, with ``WAIT`` when ``wait_replicas`` is set and the
+    script ``writes``, redis-py's errors mapped (naming ``operation``). One ``try`` rather
+    than a context manager per call: this is the hot path of every lease and signal."""
+    handle.require_asyncio()
+    try:
+        if not handle.initialized:
+            await handle.ready()
+        if writes and handle.wait_replicas:
+            return (await handle.eval_many(handle.client, script, [(keys, args)],
+                                           operation))[0]
+        return await script(keys=keys, args=args)
+    except Exception as exc:
+        with map_errors(operation):
+            raise exc

@@ -289,7 +289,7 @@ class RedisHandle:
         self,
         client: Any,
         script: Any,
-        calls: Sequence[tuple[list[str], list[Any]]],
+        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
         operation: str,
     ) -> list[Any]:
         """Run ``script`` (a :class:`~_signal_leases.redis.script.Script`) once per (keys,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self, Unpack
 
 from _signal_leases.keys import LeaseKeys
-from _signal_leases.redis.script import Script
+from _signal_leases.redis.script import Script, run_script
 from _signal_leases.redis.support import (
     RedisHandle,
     RedisWriteOptions,
@@ -125,19 +125,8 @@ class RedisLeaseProvider:
     async def _call(
         self, script: Script, operation: str, keys: list[str], *args: Any, writes: bool = True
     ) -> Any:
-        self._handle.require_asyncio()
-        try:  # one try per call (not a context manager): this is the hot path
-            if not self._handle.initialized:
-                await self._handle.ready()
-            if writes and self.wait_replicas:
-                replies = await self._handle.eval_many(
-                    self.client, script, [(keys, [self._session_prefix, *args])], operation
-                )
-                return replies[0]
-            return await script(keys=keys, args=[self._session_prefix, *args])
-        except Exception as exc:
-            with map_errors(operation):
-                raise exc
+        return await run_script(self._handle, script, keys, [self._session_prefix, *args],
+                                operation, writes=writes)
 
     # -- LeaseProvider ---------------------------------------------------------------------
 

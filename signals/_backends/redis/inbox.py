@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from _signal_leases.keys import LeaseKeys, SignalKeys
 from _signal_leases.logs import get_logger
-from _signal_leases.redis.script import Script
+from _signal_leases.redis.script import Script, run_script
 from _signal_leases.redis.support import (
     RedisHandle,
     RedisWriteOptions,
@@ -171,12 +171,7 @@ class RedisInbox:
         script = self._lua[name]
         keys = self._keys(thread_key, runtime_id)
         argv = [*self._header(thread_key), *args]
-        async with self._errors(what):
-            if self._handle.wait_replicas:
-                reply = (await self._handle.eval_many(self.client, script, [(keys, argv)],
-                                                      what))[0]
-            else:
-                reply = await script(keys=keys, args=argv)
+        reply = await run_script(self._handle, script, keys, argv, what)
         *out, ixop, ixscore = reply
         if self._idx == "0" and ixop:
             await self._apply_index(thread_key, text(ixop), float(text(ixscore)))
