@@ -1,7 +1,7 @@
 """The waiting clients of the library's Redis backends: a busy pool is latency, never an
 error. :class:`WaitingConnectionPool` for a standalone Redis, :class:`WaitingRedisCluster` for
 a Cluster. And :func:`quick_writes`: their connections send a command without a timer when the
-write cannot wait."""
+write cannot wait, and pack it without redis-py's per-argument encoder."""
 
 from __future__ import annotations
 
@@ -96,14 +96,15 @@ _PLAIN: Any = redis.asyncio.ConnectionPool  # its methods, on a WaitingConnectio
 
 class _QuickWrites:
     """A connection class's ``send_packed_command`` without a timer when the write cannot
-    wait. redis-py bounds every write with ``asyncio.wait_for(..., socket_timeout)``: on
-    Python 3.11 that is a new task per command (12-15 µs here, 7 % of a pub/sub publish's
-    CPU), on 3.12 a timer. A write can only wait in ``drain()``, when the transport holds more
-    than its high-water mark; when its buffer is empty and the command is smaller than that
-    mark, the command is handed to the transport directly. Anything else (not connected, a
-    health check due, a transport with data queued, a large command) takes redis-py's own path,
-    timeout included; a socket that fails under a quick write is seen by the read that follows
-    (a ``ConnectionError``, as when the write fails)."""
+    wait, and its ``pack_command`` without redis-py's encoder (see there). redis-py bounds
+    every write with ``asyncio.wait_for(..., socket_timeout)``: on Python 3.11 that is a new
+    task per command (12-15 µs here, 7 % of a pub/sub publish's CPU), on 3.12 a timer. A write
+    can only wait in ``drain()``, when the transport holds more than its high-water mark; when
+    its buffer is empty and the command is smaller than that mark, the command is handed to
+    the transport directly. Anything else (not connected, a health check due, a transport
+    with data queued, a large command) takes redis-py's own path, timeout included; a socket
+    that fails under a quick write is seen by the read that follows (a ``ConnectionError``, as
+    when the write fails)."""
 
     _reader: Any
     _writer: Any
