@@ -138,34 +138,44 @@ class _QuickWrites:
 
     def pack_command(self, *args: Any) -> list[bytes]:
         """The command packed without redis-py's per-argument encoder (a script call of ours
-        has about 50 arguments, and the encoder's type checks cost more than the packing):
-        by hiredis when it is installed, which converts ``str`` (UTF-8), ``bytes``, ``int``
-        and ``float`` (as ``repr``) itself and refuses anything else (redis-py 8 runs its
-        encoder first, and redis-py 6 packs in Python even with hiredis); otherwise by
-        :func:`_pack`, the same for those four types. Taken only for a one-word command name
-        (redis-py splits ``"CONFIG GET"``) and a UTF-8 strict encoder; arguments of any
-        other type go through redis-py's path, which converts them or raises its
-        ``DataError``."""
+        has about 50 arguments, and the encoder's type checks cost more than the packing).
+        Only ``str``, ``bytes``, ``int`` and ``float`` (exactly those types) are packed here:
+        by hiredis when it is installed and every ``int`` fits in 64 bits (hiredis crashes
+        the process on an ``int`` past Python's digit limit, and reads a non-contiguous
+        ``memoryview`` wrongly, which redis-py keeps from it), otherwise by :func:`_pack`.
+        Taken only for a one-word command name (redis-py splits ``"CONFIG GET"``) and a
+        UTF-8 strict encoder; any other argument goes through redis-py's path, which
+        converts it or raises its ``DataError``."""
         name, encoder = args[0], self.encoder
         if (type(name) is str and name.isalnum() and encoder.encoding in _UTF8
                 and encoder.encoding_errors == "strict"):
-            if _hiredis_pack is not None:
-                try:
-                    return [_hiredis_pack(args)]
-                except TypeError:
-                    pass
-            else:
-                packed = _pack(args)
-                if packed is not None:
-                    return [packed]
+            if _hiredis_pack is not None and _plain(args):
+                return [_hiredis_pack(args)]
+            packed = _pack(args)
+            if packed is not None:
+                return [packed]
         slow: Any = super()
         result: list[bytes] = slow.pack_command(*args)
         return result
 
 
+_INT64 = 1 << 64
+
+
+def _plain(args: tuple[Any, ...]) -> bool:
+    """Every argument a ``str``, ``bytes``, ``float``, or an ``int`` within 64 bits."""
+    for arg in args:
+        kind = type(arg)
+        if not (kind is str or kind is bytes or kind is float
+                or (kind is int and -_INT64 < arg < _INT64)):
+            return False
+    return True
+
+
 def _pack(args: tuple[Any, ...]) -> bytes | None:
     """``args`` as one RESP command, or ``None`` for an argument that is not ``str``,
-    ``bytes``, ``int`` or ``float`` (exactly: a ``bool`` or a subclass is left to redis-py)."""
+    ``bytes``, ``int`` or ``float`` (exactly: a ``bool`` or a subclass is left to redis-py).
+    An ``int`` past Python's digit limit raises ``ValueError``, as in redis-py."""
     out = [b"*%d\r\n" % len(args)]
     for arg in args:
         kind = type(arg)

@@ -95,7 +95,6 @@ class RedisLeaseProvider:
     ) -> None:
         check_str("key_prefix", key_prefix)
         self._handle = RedisHandle("RedisLeaseProvider", url=url, client=client, **options)
-        self.wait_replicas = self._handle.wait_replicas
         self.wait_timeout_ms = self._handle.wait_timeout_ms
         self.client: redis.asyncio.Redis = self._handle.client
         self.key_prefix = key_prefix
@@ -113,6 +112,11 @@ class RedisLeaseProvider:
         self._dedicated = self._handle.owns_client if dedicated_renewals is None else bool(
             dedicated_renewals
         )
+
+    @property
+    def wait_replicas(self) -> int:
+        """Replicas every mutating call waits for (``WAIT``; 0: off), as constructed."""
+        return self._handle.wait_replicas
 
     def lease_key(self, key: str) -> str:
         """The Redis key of the lease hash for ``key``."""
