@@ -47,7 +47,7 @@ class RedisFused(RedisInbox):
             self.keys.work_channel, "1" if wake_workers else "0", CARRY_LIMIT,
         ]
         if interrupt:
-            args.append("1")  # ARGV[31], only then: every argument costs redis-py's packing
+            args.append("1")  # ARGV[31], only then: every argument costs its packing
         reply = await self._run("accept", thread_key, args, f"send to thread {thread_key!r}",
                                 runtime_id=claim.runtime_id if claim else None)
         accepted, (owner, claimed, token, carried, *heard) = self._accepted(signal, reply)
