@@ -18,6 +18,7 @@ from signals import (
     SignalTooLargeError,
     UnknownSignalError,
 )
+from tests._interrupt import RunRecorder, interrupt_a_waiting_run
 
 pytestmark = pytest.mark.anyio
 
@@ -256,29 +257,11 @@ async def test_an_interrupt_from_another_runtime_never_reaches_the_run_it_stops(
     leases = InMemoryLeaseProvider()
     kit: dict[str, Any] = {"leases": leases,
                            "inbox": InMemorySignalStore(leases=leases if fused else None)}
-    runs: list[tuple[bool, list[str]]] = []
-    waiting = anyio.Event()
-
-    async def agent(run: Run) -> None:
-        got: list[str] = []
-        runs.append((run.interrupted, got))
-        async for signal in run:
-            got.append(signal.id)
-            await run.ack(signal)
-            waiting.set()
-
+    recorder = RunRecorder()
     async with InMemoryPubSub() as pubsub, SignalRuntime(
-        pubsub=pubsub, agent=agent, idle_wait_ms=600_000, shutdown_timeout_ms=0, **kit
+        pubsub=pubsub, agent=recorder, idle_wait_ms=600_000, shutdown_timeout_ms=0, **kit
     ), SignalRuntime(pubsub=pubsub, agent=None, **kit) as client:
-        await client.send("t", Signal(1, id="first"))
-        with anyio.fail_after(5):
-            await waiting.wait()
-        delivery = await client.send("t", Signal(2, id="stop"), if_active="interrupt")
-        assert delivery.outcome == "deliver"
-        with anyio.fail_after(5):
-            while len(runs) < 2 or not runs[1][1]:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
-    assert runs == [(False, ["first"]), (True, ["stop"])]
+        await interrupt_a_waiting_run(recorder, client.send, timeout=5)
 
 
 async def test_threads_lists_owned_and_waiting_threads() -> None:

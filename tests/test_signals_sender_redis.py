@@ -27,6 +27,7 @@ from signals import (
     SignalTooLargeError,
     UnsupportedBackendError,
 )
+from tests._interrupt import RunRecorder, interrupt_a_waiting_run
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -198,31 +199,14 @@ async def test_an_interrupt_never_reaches_the_run_it_stops(
     runtime, or a ``RedisSignalSender``): it is cancelled without the interrupting signal,
     which a new run gets with ``Run.interrupted`` set."""
     url, cluster = target
-    runs: list[tuple[bool, list[Any]]] = []
-    waiting = anyio.Event()
-
-    async def agent(run: Run) -> None:
-        got: list[Any] = []
-        runs.append((run.interrupted, got))
-        async for signal in run:
-            got.append(signal.payload)
-            await run.ack(signal)
-            waiting.set()
-
+    recorder = RunRecorder()
     async with RedisStreamsPubSub(url=url, key_prefix=key_prefix, cluster=cluster) as pubsub, \
-            SignalRuntime(pubsub=pubsub, agent=agent, idle_wait_ms=600_000,
+            SignalRuntime(pubsub=pubsub, agent=recorder, idle_wait_ms=600_000,
                           shutdown_timeout_ms=0), \
             SignalRuntime(pubsub=pubsub, agent=None) as sender_runtime, \
             RedisSignalSender(url=url, key_prefix=key_prefix, cluster=cluster) as sender:
-        send = sender_runtime.send if by == "runtime" else sender.send
-        await send("t", "first")
-        with anyio.fail_after(10):
-            await waiting.wait()
-        assert (await send("t", "stop", if_active="interrupt")).outcome == "deliver"
-        with anyio.fail_after(10):
-            while len(runs) < 2 or not runs[1][1]:  # noqa: ASYNC110
-                await anyio.sleep(0.02)
-    assert runs == [(False, ["first"]), (True, ["stop"])]
+        await interrupt_a_waiting_run(
+            recorder, sender_runtime.send if by == "runtime" else sender.send, timeout=10)
 
 
 async def test_a_send_no_worker_hears_is_a_warning(redis_url: str, key_prefix: str) -> None:
