@@ -130,6 +130,27 @@ class Signal:
         check_identifier("signal id", self.id)
         if self._encoded is not None:
             return  # decoded from the store: checked when it was sent
+        if not self._plain():
+            self._check_options()
+        # Encoded once, here: a payload that is not JSON is a TypeError now, not at send, and
+        # the send stores this text (a large payload is not encoded twice).
+        try:
+            encoded = compact_json(self.to_dict())
+        except (TypeError, ValueError):
+            encode_json(self.payload, "signal payload")  # names the payload when it is that
+            encode_json(self.to_dict(), f"signal {self.id!r}")
+            raise
+        object.__setattr__(self, "_encoded", encoded)
+
+    def _plain(self) -> bool:
+        """Every option at its default (most signals): nothing more to check or encode."""
+        return (self.priority == 0 and type(self.priority) is int and self.lane is None
+                and self.merge == "append" and self.cache_key is None
+                and self.not_before is None and self.expires_at is None
+                and self.debounce_ms is None and self.max_wait_ms is None
+                and self.trace_context is None)
+
+    def _check_options(self) -> None:
         check_int("priority", self.priority, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
         check_choice("merge", self.merge, MERGES)
         if self.lane is not None:
@@ -151,15 +172,6 @@ class Signal:
             raise ValueError("debounce_ms needs a lane with merge='coalesce' or 'supersede'")
         if self.max_wait_ms is not None and self.debounce_ms is None:
             raise ValueError("max_wait_ms needs debounce_ms")
-        # Encoded once, here: a payload that is not JSON is a TypeError now, not at send, and
-        # the send stores this text (a large payload is not encoded twice).
-        try:
-            encoded = compact_json(self.to_dict())
-        except (TypeError, ValueError):
-            encode_json(self.payload, "signal payload")  # names the payload when it is that
-            encode_json(self.to_dict(), f"signal {self.id!r}")
-            raise
-        object.__setattr__(self, "_encoded", encoded)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what is stored; the delivery fields are not part of it)."""
@@ -169,6 +181,8 @@ class Signal:
             "payload": self.payload,
             "created_at": self.created_at,
         }
+        if self._plain():
+            return out
         for name in _OPTIONAL:
             value = getattr(self, name)
             if value is not None and value != _DEFAULTS.get(name):

@@ -237,11 +237,11 @@ class Run:
 
     def _give(self, entries: tuple[InboxEntry, ...]) -> Signal:
         last = entries[-1]
-        attempt = max(max(1, e.attempts) for e in entries)
         if len(entries) == 1 and not (last.signal.lane is not None
                                       and last.signal.merge == "coalesce"):
-            signal = last.signal.evolve(attempt=attempt)
+            signal = last.signal.evolve(attempt=max(1, last.attempts))
         else:
+            attempt = max(max(1, e.attempts) for e in entries)
             signals = [e.signal for e in entries]
             reducer = self._reducers.get(last.signal.lane or "")
             payload = reducer(signals) if reducer is not None else [s.payload for s in signals]
@@ -253,7 +253,8 @@ class Run:
             signal = folded.evolve(attempt=attempt, mode=last.mode,
                                    folded=tuple(e.signal.id for e in entries))
         unit = self._unacked[signal.id] = _Unit(signal, entries)
-        if self._telemetry is not None:
+        if self._telemetry is not None and (self._current is not None
+                                            or not self._telemetry.quiet()):
             self._leave_current()
             unit.span = self._telemetry.start_process(
                 self.thread_key, self.run_id, signal, [e.signal for e in entries],
@@ -392,7 +393,9 @@ class Run:
                 await self._fenced()
             self._inbox_pending = max(0, self._inbox_pending - len(acks))
         self._unacked.pop(signal_id, None)
-        self._done([signal_id, *(e.signal.id for e in unit.entries)])
+        entries = unit.entries
+        self._done((signal_id,) if len(entries) == 1 and entries[0].signal.id == signal_id
+                   else [signal_id, *(e.signal.id for e in entries)])
         self._span_done(unit)
 
     def _done(self, signal_ids: Iterable[str]) -> None:

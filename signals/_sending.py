@@ -32,6 +32,8 @@ def check_limits(max_pending_per_thread: int | None, overflow: Overflow) -> Limi
 
 def timed(signal: Signal, delay_ms: int | None, expires_in_ms: int | None) -> Signal:
     """``signal`` with the ``send`` shorthands for ``not_before`` and ``expires_at``."""
+    if delay_ms is None and expires_in_ms is None:
+        return signal
     changes: dict[str, float] = {}
     now = unix_now()
     if check_optional_int("delay_ms", delay_ms, minimum=0) is not None:

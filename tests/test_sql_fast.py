@@ -7,24 +7,20 @@ from __future__ import annotations
 
 import json
 import uuid
-from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import anyio
 import pytest
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import invariant, run_state_machine_as_test
 
 from pubsub import PostgresPubSub
 from signals import Signal
-from signals.kit import Ack, Limits, RunRef, SQLCore
+from signals.kit import Ack, RunRef, SQLCore
+from tests._two_cores import THREAD, TwoCoresMachine
 
 pytestmark = pytest.mark.postgres
 
-THREAD = "th"
-RUNS = (RunRef("a/1", 1), RunRef("b/2", 2), RunRef("c/3", None), RunRef("b/2", 1))  # (last: stale)
 _TABLES = {  # table -> its columns, a time column as "present or not"
     "sig_threads": "key, seq, pending, paused, token, run, since IS NULL, last IS NULL, "
                    "look IS NULL, abort, lanes, pseq, ptrim, receipts",
@@ -58,17 +54,13 @@ def _timeless(lanes: str | None) -> Any:
             for lane, state in json.loads(lanes).items()}
 
 
-class FastMachine(RuleBasedStateMachine):
+class FastMachine(TwoCoresMachine):
     dsn: ClassVar[str] = ""
 
     def __init__(self) -> None:
         super().__init__()
-        self._portal_cm: AbstractContextManager[BlockingPortal] = start_blocking_portal("asyncio")
-        self.portal = self._portal_cm.__enter__()
         self.pubsubs: list[PostgresPubSub] = []
-        self.cores: list[SQLCore] = [self.portal.call(self.open, fast) for fast in (True, False)]
-        self.handed: dict[str, str] = {}  # signal id -> entry id, of what any run was handed
-        self.taker = RUNS[0]  # the run that took last
+        self.cores = [self.portal.call(self.open, fast) for fast in (True, False)]
 
     async def open(self, fast: bool) -> SQLCore:
         pubsub = PostgresPubSub(self.dsn, schema=f"f{uuid.uuid4().hex[:12]}")  # (not entered:
@@ -80,107 +72,11 @@ class FastMachine(RuleBasedStateMachine):
         await pubsub._schema()  # (its own: entering it would create them)
         return core
 
-    def teardown(self) -> None:
+    def close(self) -> None:
         async def close() -> None:
             for pubsub in self.pubsubs:
                 await _drop(pubsub)
-        try:
-            self.portal.call(close)
-        finally:
-            self._portal_cm.__exit__(None, None, None)
-
-    def both(self, call: Any) -> Any:
-        fast, slow = (self.portal.call(call, core) for core in self.cores)
-        assert fast == slow, (fast, slow)
-        return fast
-
-    @rule(n=st.integers(0, 7), prio=st.integers(-1, 1),
-          lane=st.sampled_from([None, None, None, "a"]),
-          merge=st.sampled_from(["append", "supersede", "coalesce"]))
-    def send(self, n: int, prio: int, lane: str | None, merge: str) -> None:
-        signal = Signal({"n": n}, id=f"s{n}", priority=prio, lane=lane,
-                        merge=merge if lane else "append")  # type: ignore[arg-type]
-
-        async def accept(core: SQLCore) -> Any:
-            return (await core.accept(THREAD, signal, "deliver")).outcome
-        self.both(accept)
-
-    @rule(n=st.integers(0, 40), prio=st.integers(-1, 1), big=st.booleans(),
-          mode=st.sampled_from(["deliver", "deliver", "queue"]),
-          sender=st.sampled_from([None, "a", "b", "z"]), cap=st.sampled_from([None, None, 3]),
-          own=st.booleans())
-    def route(self, n: int, prio: int, big: bool, mode: str, sender: str | None,
-              cap: int | None, own: bool) -> None:
-        """A signal routed from a sender (its runtime id; the owner's own, another one);
-        ``own``: run a/1 takes the lease first."""
-        if own:
-            self.lease(RUNS[0], True)
-        payload = {"n": n, "pad": "x" * (17_000 if big else 0)}  # past CARRY_LIMIT: not carried
-        signal = Signal(payload, id=f"s{n % 8}" if n > 35 else f"r{n}", priority=prio)
-
-        async def route(core: SQLCore) -> Any:
-            routed = await core.route(THREAD, signal, mode, claim=None,  # type: ignore[arg-type]
-                                      sender=sender, wake_workers=True, limits=Limits(cap))
-            a = routed.accepted
-            return (a.outcome, a.entry_id, a.receipt and a.receipt.status, a.superseded,
-                    a.dropped, routed.owner, routed.claimed, routed.carried)
-        self.both(route)
-
-    @rule(run=st.sampled_from(RUNS), first=st.booleans())
-    def take(self, run: RunRef, first: bool) -> None:
-        async def take(core: SQLCore) -> Any:
-            taken = await core.take(THREAD, run, max_attempts=3, first=first)
-            return [(e.signal.id, e.entry_id) for e in taken.entries], taken.fenced
-        entries, fenced = self.both(take)
-        self.handed.update(entries)
-        if not fenced:
-            self.taker = run
-
-    @rule(run=st.sampled_from([None, None, *RUNS]), data=st.data(),
-          result=st.sampled_from([None, '{"ok":1}']),
-          wrong_entry=st.sampled_from([False, False, False, True]))
-    def ack(self, run: RunRef | None, data: st.DataObject, result: str | None,
-            wrong_entry: bool) -> None:
-        """An ack by the run that took last (``None``), or by any run."""
-        if not self.handed:
-            return
-        run = run or self.taker
-        sid = data.draw(st.sampled_from(sorted(self.handed)))
-        entry = str(int(self.handed[sid]) + 1) if wrong_entry and sid != "s0" else \
-            self.handed[sid]
-        ack = Ack(entry, sid, result)
-
-        async def settle(core: SQLCore) -> Any:
-            return await core.settle(THREAD, run, acks=[ack])
-        self.both(settle)
-        if data.draw(st.sampled_from([True, True, False])):
-            del self.handed[sid]  # (else it may be acknowledged again)
-
-    @rule(run=st.sampled_from([RUNS[0], RUNS[0], *RUNS]),
-          result=st.sampled_from([None, '{"ok":1}']))
-    def take_and_ack(self, run: RunRef, result: str | None) -> None:
-        """The common case: a run takes its next signal and acknowledges it."""
-        async def take_ack(core: SQLCore) -> Any:
-            taken = await core.take(THREAD, run, max_attempts=3, first=True)
-            if taken.fenced or len(taken.entries) != 1:
-                return [(e.signal.id, e.entry_id) for e in taken.entries], None
-            e = taken.entries[0]
-            acked = await core.settle(THREAD, run, acks=[Ack(e.entry_id, e.signal.id, result)])
-            return [], acked
-        entries, _ = self.both(take_ack)
-        self.handed.update(entries)
-
-    @rule(run=st.sampled_from(RUNS[:2]), hold=st.sampled_from([True, True, False]))
-    def lease(self, run: RunRef, hold: bool) -> None:
-        """Another process's lease: a run that does not hold it is fenced (fused calls)."""
-        async def lease(core: SQLCore) -> Any:
-            leases: Any = core.leases
-            for other in RUNS[:2]:
-                await leases.release_lease(THREAD, other.run_id)
-            if hold:
-                return (await leases.acquire_lease(THREAD, run.run_id, 60_000)).acquired
-            return None
-        self.both(lease)
+        self.portal.call(close)
 
     @invariant()
     def same_rows(self) -> None:
@@ -213,7 +109,7 @@ def test_the_fast_paths_leave_the_rows_the_engine_leaves(
     monkeypatch.setattr(sql_core, "route_one", counting("route", route_one))
     machine = type("FastMachineHere", (FastMachine,), {"dsn": postgres_dsn})
     run_state_machine_as_test(machine, settings=settings(
-        max_examples=50, stateful_step_count=30, deadline=None,
+        max_examples=80, stateful_step_count=30, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
     assert min(used.values()) >= 20, f"the fast paths ran {used}: the test proves nothing"
 

@@ -11,10 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import anyio
-import anyio.lowlevel
-
-from _signal_leases.aio import loop_time
+from _signal_leases.aio import checkpoint, loop_time
 from leases._contract import AcquireResult
 from leases._info import LeaseInfo
 from leases._validation import check_acquire, check_key, check_owner, check_ttl_ms
@@ -206,60 +203,60 @@ class InMemoryLeaseProvider:
         self, key: str, owner: str, ttl_ms: int, *, session: str | None = None
     ) -> AcquireResult:
         check_acquire(key, owner, ttl_ms, session)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self.table.acquire(key, owner, ttl_ms, self._now(), session)
 
     async def get_lease_owner(self, key: str) -> str | None:
         check_key(key)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self.table.owner(key, self._now())
 
     async def release_lease(self, key: str, owner: str) -> None:
         check_key(key), check_owner(owner)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         self.table.release(key, owner, self._now())
 
     async def renew_lease(self, key: str, owner: str, ttl_ms: int) -> bool:
         check_key(key), check_owner(owner), check_ttl_ms(ttl_ms)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self.table.renew(key, owner, ttl_ms, self._now())
 
     async def transfer_lease(self, key: str, from_owner: str, to_owner: str, ttl_ms: int) -> bool:
         check_key(key), check_owner(from_owner, "from_owner")
         check_owner(to_owner, "to_owner"), check_ttl_ms(ttl_ms)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self.table.transfer(key, from_owner, to_owner, ttl_ms, self._now())
 
     async def renew_leases(self, items: Sequence[tuple[str, str]], ttl_ms: int) -> set[str]:
         """Renew many leases at once; returns the keys still held (see ``BatchRenewer``)."""
         check_ttl_ms(ttl_ms)
         items = [(check_key(k), check_owner(o)) for k, o in items]
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         now = self._now()
         return {k for k, o in items if self.table.renew(k, o, ttl_ms, now)}
 
     async def open_lease_session(self, ttl_ms: int) -> str | None:
         """Open a lease session alive for ``ttl_ms`` (see ``LeaseSessionProvider``)."""
         check_ttl_ms(ttl_ms)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self.table.open_session(ttl_ms, self._now())
 
     async def renew_lease_session(self, session: str, ttl_ms: int) -> bool:
         """Keep ``session`` and its leases alive for ``ttl_ms`` more; ``False`` once expired."""
         check_owner(session, "session"), check_ttl_ms(ttl_ms)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self.table.renew_session(session, ttl_ms, self._now())
 
     async def close_lease_session(self, session: str) -> None:
         """End ``session``: its leases are free at once."""
         check_owner(session, "session")
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         self.table.close_session(session)
 
     async def lease_info(self, key: str) -> LeaseInfo | None:
         """Owner, remaining TTL and token of the live lease on ``key``, or ``None``."""
         check_key(key)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self.table.info(key, self._now())
 
     async def aclose(self) -> None:

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import anyio
-import anyio.lowlevel
 
-from _signal_leases.aio import WakeQueue
+from _signal_leases.aio import WakeQueue, checkpoint
 from _signal_leases.validation import check_int
 from leases import InMemoryLeaseProvider
 from pubsub._base import PubSubBase
@@ -72,7 +71,7 @@ class InMemoryPubSub(PubSubBase, LeasedPubSub):
             queue.put(event)
         for group in state.groups.values():
             group.queue.put(event)
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
 
     async def backend_subscribe(
         self, topic: str, handler: EventHandler, *, group: str | None, start_from: StartFrom

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
-import anyio.lowlevel
 
+from _signal_leases.aio import checkpoint
 from _signal_leases.errors import CursorExpiredError
 from signals._model import StreamPart
 from signals.kit._capabilities import PartIn
@@ -27,10 +26,10 @@ class _Part:
     """A stored part; its :class:`StreamPart` (the JSON decoded) is built when first read, as
     most lifecycle parts are never read."""
 
-    __slots__ = ("_built", "at", "key", "n", "now", "part")
+    __slots__ = ("_built", "key", "n", "now", "part")
 
-    def __init__(self, n: int, now: float, key: str, part: PartIn, at: float) -> None:
-        self.n, self.now, self.key, self.part, self.at = n, now, key, part, at
+    def __init__(self, n: int, now: float, key: str, part: PartIn) -> None:
+        self.n, self.now, self.key, self.part = n, now, key, part
         self._built: StreamPart | None = None
 
     def get(self) -> StreamPart:
@@ -39,7 +38,7 @@ class _Part:
             p = self.part
             built = self._built = StreamPart(str(self.n), self.key, p.run_id or None, p.kind,
                                              json.loads(p.data) if p.data else None,
-                                             p.signal_id, self.at)
+                                             p.signal_id, self.now)
         return built
 
 
@@ -67,23 +66,32 @@ class MemoryOutput:
             out = self._outputs[thread_key] = _Output()
         return out
 
+    @property
+    def _retention_s(self) -> float:
+        return self.stream_retention_ms / 1000
+
     def _trim(self, out: _Output, now: float) -> None:
-        horizon = now - self.stream_retention_ms / 1000
+        horizon = now - self._retention_s
         while out.parts and (len(out.parts) > self.stream_max_parts or out.parts[0].now <= horizon):
             out.trimmed = out.parts.popleft().n
 
-    def _append(self, thread_key: str, part: PartIn) -> str:
-        now = self._clock()
-        out = self._output(thread_key)
+    def _append(self, thread_key: str, part: PartIn, now: float | None = None) -> str:
+        """Append ``part`` at ``now`` (the store's clock: the caller's step's time, or read
+        here); its cursor."""
+        if now is None:
+            now = self._clock()
+        out = self._outputs.get(thread_key) or self._output(thread_key)
         n = self._part_seq = self._part_seq + 1
-        out.parts.append(_Part(n, now, thread_key, part, time.time()))
-        self._trim(out, now)
+        parts = out.parts
+        parts.append(_Part(n, now, thread_key, part))
+        if len(parts) > self.stream_max_parts or parts[0].now <= now - self._retention_s:
+            self._trim(out, now)
         for _, event in out.waiters:
             event.set()
         return str(n)
 
     async def emit(self, thread_key: str, parts: Sequence[PartIn]) -> list[str]:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return [self._append(thread_key, p) for p in parts]
 
     def _read(self, thread_key: str, after: str | None, limit: int) -> list[StreamPart]:
@@ -103,11 +111,11 @@ class MemoryOutput:
     async def stream_read(
         self, thread_key: str, *, after: str | None = None, limit: int = 100
     ) -> list[StreamPart]:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         return self._read(thread_key, after, limit)
 
     async def stream_tail(self, thread_key: str) -> str | None:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         out = self._outputs.get(thread_key)
         return str(out.parts[-1].n) if out is not None and out.parts else None
 

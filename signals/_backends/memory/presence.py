@@ -8,8 +8,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import anyio.lowlevel
-
+from _signal_leases.aio import checkpoint
 from signals.kit._capabilities import Notice, RuntimeInfo
 from signals.kit._core import run_runtime
 
@@ -33,11 +32,11 @@ class MemoryPresence:
     # -- the runtime registry ---------------------------------------------------------------
 
     async def register_runtime(self, info: RuntimeInfo, ttl_ms: int) -> None:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         self._runtimes[info.runtime_id] = (info, self._clock() + ttl_ms / 1000)
 
     async def refresh_runtime(self, runtime_id: str, ttl_ms: int) -> bool:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         known = self._runtimes.get(runtime_id)
         if known is None or known[1] <= self._clock():
             return False
@@ -45,32 +44,32 @@ class MemoryPresence:
         return True
 
     async def unregister_runtime(self, runtime_id: str) -> None:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         self._runtimes.pop(runtime_id, None)
 
     async def track_threads(
         self, runtime_id: str, *, add: Sequence[str] = (), remove: Sequence[str] = ()
     ) -> None:
         """Nothing to do: ownership is read from the leases (see :meth:`runtime_threads`)."""
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
 
     async def runtime_threads(self, runtime_id: str) -> list[str]:
         """The threads whose live lease a run of ``runtime_id`` holds."""
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         if self.leases is None:
             return []
         table, now = self.leases.table, self.leases.clock()
         return [k for k in table.keys(now) if run_runtime(table.owner(k, now) or "") == runtime_id]
 
     async def runtimes(self) -> list[RuntimeInfo]:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         now = self._clock()
         return [replace(info, alive=exp > now) for info, exp in self._runtimes.values()]
 
     # -- notices ---------------------------------------------------------------------------
 
     async def notify(self, runtime_id: str | None, notice: Notice) -> None:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         self._notify(runtime_id, notice)
 
     def _notify(self, runtime_id: str | None, notice: Notice) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from signals._backends.memory.output import MemoryOutput
     from signals.kit._capabilities import PartIn
 
-__all__ = ["MemoryState", "MemoryTables"]
+__all__ = ["MemoryState", "MemoryTables", "insert_row", "remove_row", "trim_receipts"]
 
 
 @dataclass(slots=True)
@@ -46,6 +46,54 @@ class MemoryState:
         if box is None:
             box = self.inboxes[key] = _Inbox()
         return box
+
+
+def _file(box: _Inbox, e: EntryRow) -> None:
+    if e.state == "ready":
+        heapq.heappush(box.ready, (-e.prio, e.seq))
+        box.carried.discard(e.seq)
+    elif e.state == "later" and e.due is not None:
+        heapq.heappush(box.later, (e.due, e.seq))
+        box.carried.discard(e.seq)
+    else:
+        box.carried.add(e.seq)
+
+
+def insert_row(box: _Inbox, e: EntryRow) -> None:
+    """Store a new entry in ``box`` (and file it by its state)."""
+    box.rows[e.seq] = e
+    box.by_sid[e.sid] = e.seq
+    if e.lane is not None:
+        box.lanes.setdefault(e.lane, set()).add(e.seq)
+    if e.expires is not None:
+        heapq.heappush(box.expiring, (e.expires, e.seq))
+    _file(box, e)
+
+
+def remove_row(box: _Inbox, seq: int) -> EntryRow | None:
+    """Take entry ``seq`` out of ``box`` (its heap items are pruned lazily); the entry."""
+    e = box.rows.pop(seq, None)
+    if e is None:
+        return None
+    box.by_sid.pop(e.sid, None)
+    box.carried.discard(seq)
+    if e.lane is not None:
+        members = box.lanes.get(e.lane)
+        if members is not None:
+            members.discard(seq)
+            if not members:
+                del box.lanes[e.lane]
+    return e
+
+
+def trim_receipts(receipts: dict[str, ReceiptRow], before: float, keep: int) -> None:
+    """Forget the oldest receipts: those accepted by ``before``, and any past ``keep``
+    (``receipts`` is in acceptance order)."""
+    while receipts:
+        sid, r = next(iter(receipts.items()))
+        if r.accepted > before and len(receipts) <= keep:
+            return
+        del receipts[sid]
 
 
 class _Leases:
@@ -98,43 +146,16 @@ class MemoryTables:
     def _box(self, key: str) -> _Inbox:
         return self._s.inbox(key)
 
-    def _file(self, box: _Inbox, e: EntryRow) -> None:
-        if e.state == "ready":
-            heapq.heappush(box.ready, (-e.prio, e.seq))
-            box.carried.discard(e.seq)
-        elif e.state == "later" and e.due is not None:
-            heapq.heappush(box.later, (e.due, e.seq))
-            box.carried.discard(e.seq)
-        else:
-            box.carried.add(e.seq)
-
     def insert(self, e: EntryRow) -> None:
-        box = self._box(e.thread)
-        box.rows[e.seq] = e
-        box.by_sid[e.sid] = e.seq
-        if e.lane is not None:
-            box.lanes.setdefault(e.lane, set()).add(e.seq)
-        if e.expires is not None:
-            heapq.heappush(box.expiring, (e.expires, e.seq))
-        self._file(box, e)
+        insert_row(self._box(e.thread), e)
 
     def update(self, e: EntryRow) -> None:
-        self._file(self._box(e.thread), e)  # rows are shared objects: only the heaps change
+        _file(self._box(e.thread), e)  # rows are shared objects: only the heaps change
 
     def delete(self, key: str, seqs: Sequence[int]) -> None:
         box = self._box(key)
         for seq in seqs:
-            e = box.rows.pop(seq, None)
-            if e is None:
-                continue
-            box.by_sid.pop(e.sid, None)
-            box.carried.discard(seq)
-            if e.lane is not None:
-                members = box.lanes.get(e.lane)
-                if members is not None:
-                    members.discard(seq)
-                    if not members:
-                        del box.lanes[e.lane]
+            remove_row(box, seq)
 
     def by_signal(self, key: str, sid: str) -> EntryRow | None:
         box = self._s.inboxes.get(key)
@@ -235,14 +256,8 @@ class MemoryTables:
 
     def trim_receipts(self, key: str, before: float, keep: int) -> None:
         box = self._s.inboxes.get(key)
-        if box is None:
-            return
-        receipts = box.receipts
-        while receipts:
-            sid, r = next(iter(receipts.items()))
-            if r.accepted > before and len(receipts) <= keep:
-                return
-            del receipts[sid]
+        if box is not None:
+            trim_receipts(box.receipts, before, keep)
 
     def dead(self, key: str, limit: int) -> list[ReceiptRow]:
         box = self._s.inboxes.get(key)
@@ -268,4 +283,4 @@ class MemoryTables:
 
     def add_part(self, key: str, part: PartIn) -> str:
         assert self._output is not None
-        return self._output._append(key, part)
+        return self._output._append(key, part, self.now)
