@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from _signal_leases.frozen import quick_init
+
 __all__ = [
     "LEASE_METHODS",
     "AcquireResult",
@@ -26,6 +28,7 @@ LEASE_METHODS: tuple[str, ...] = (
 )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AcquireResult:
     """Outcome of :meth:`LeaseProvider.acquire_lease`.

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from _signal_leases.frozen import quick_init
+
 __all__ = ["LeaseInfo"]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LeaseInfo:
     """What a backend knows about a live lease.

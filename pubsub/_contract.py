@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeAlias, runtime_checkable
 
 from _signal_leases.encoding import compact_json, random_id
+from _signal_leases.frozen import quick_init
 from _signal_leases.validation import check_str
 
 __all__ = [
@@ -43,6 +44,7 @@ def check_json(data: object, what: str = "event data") -> str:
         raise TypeError(f"{what} must be JSON-serialisable: {exc}") from None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Event:
     """One event: an envelope around JSON ``data``.

@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeAlias
 
 from _signal_leases.encoding import compact_json, random_id
 from _signal_leases.errors import SignalTooLargeError
+from _signal_leases.frozen import quick_init
 from _signal_leases.validation import (
     check_choice,
     check_identifier,
@@ -75,6 +76,7 @@ def encode_json(value: Any, what: str, limit: int | None = None) -> str:
     return encoded
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Signal:
     """One input for a thread.
@@ -269,6 +271,7 @@ _DEFAULTS: dict[str, Any] = {"priority": 0, "merge": "append"}
 _STORED = ("payload", "type", "id", "created_at", *_OPTIONAL, "_encoded")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Receipt:
     """What became of one accepted signal (see ``SignalRuntime.receipt`` and ``wait_for``).
@@ -321,6 +324,7 @@ class Receipt:
         )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StreamPart:
     """One part of a thread's output stream (see ``Run.emit`` and ``SignalRuntime.stream``).
@@ -343,6 +347,7 @@ class StreamPart:
     at: float | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ThreadInfo:
     """A thread as the whole deployment sees it (``SignalRuntime.threads``).
@@ -367,6 +372,7 @@ class ThreadInfo:
     next_due: float | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """The result of :meth:`SignalRuntime.send`.
@@ -402,6 +408,7 @@ def check_max_bytes(value: object) -> int:
     return check_int("max_signal_bytes", value, minimum=1024)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RunInfo:
     """A snapshot of the run this process has on a thread (see ``SignalRuntime.active_run``).

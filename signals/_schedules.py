@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from _signal_leases.aio import unix_now
 from _signal_leases.errors import BackendError, ClosedError
+from _signal_leases.frozen import quick_init
 from _signal_leases.validation import check_choice, check_identifier, check_optional_int
 from signals._model import Signal
 
@@ -45,6 +46,7 @@ SCHEDULES_THREAD = "signals:schedules"
 TICK_PREFIX = "schedule:"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """A schedule as stored: ``signal`` is sent into ``thread_key`` at each tick, every
@@ -228,6 +230,7 @@ class Scheduler:
         return {s.schedule_id: s for s in await self._definitions_list()}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class _Stored(Schedule):
     signal_id: str = ""  # of the definition

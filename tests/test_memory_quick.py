@@ -40,7 +40,7 @@ def _state(store: InMemorySignalStore) -> Any:
             box.by_sid, sorted(box.carried), box.lanes,
             [dataclasses.asdict(r) for r in box.receipts.values()],
         )
-    out["parts"] = {key: [(p.n, p.now, p.part) for p in o.parts]
+    out["parts"] = {key: [(p.n, p.now, p.kind, p.run_id, p.signal_id, p.data) for p in o.parts]
                     for key, o in store._outputs.items()}
     return out
 

@@ -24,6 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
+from _signal_leases.frozen import quick_init
 from signals._model import EntryMode, Signal, StreamPart
 from signals.kit._core import NO_LIMITS, Accepted, InboxEntry, Limits
 
@@ -59,6 +60,7 @@ owner. ``due``: a thread has a signal due at ``reason`` (Unix time): wake the ti
 again."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Notice:
     """A wake-up call delivered to a listening runtime (see :data:`NoticeKind`). ``entry``:
@@ -71,6 +73,7 @@ class Notice:
     entry: InboxEntry | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RuntimeInfo:
     """A runtime in the registry. ``alive`` is false once its presence expired."""
@@ -83,6 +86,7 @@ class RuntimeInfo:
     alive: bool = True
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PartIn:
     """A part to append to a thread's output stream (``data``: JSON text or ``None``)."""
@@ -102,6 +106,7 @@ class Follower(Protocol):
         ...
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """Take the thread's lease for ``owner`` (a run id of ``runtime_id``) if it is free."""
@@ -112,6 +117,7 @@ class Claim:
     runtime_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Routed:
     """What a fused :meth:`FusedRouting.route` did: ``accepted`` (the core's answer), then
@@ -128,6 +134,7 @@ class Routed:
     workers: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """What a fused :meth:`FusedRouting.claim` did: ``claimed`` (``token``: its fencing

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
 
+from _signal_leases.frozen import quick_init
 from signals._model import EntryMode, Receipt, Signal
 
 __all__ = [
@@ -51,6 +52,7 @@ def run_runtime(run_id: str) -> str:
     return run_id.rpartition("/")[0]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RunRef:
     """The run calling the core: its id and the fencing token of its lease (``None`` when
@@ -62,6 +64,7 @@ class RunRef:
     token: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Per-thread limits of an accept: at most ``max_pending`` signals accepted and not yet
@@ -75,6 +78,7 @@ class Limits:
 NO_LIMITS = Limits()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class InboxEntry:
     """An accepted signal waiting in a thread's inbox.
@@ -95,6 +99,7 @@ class InboxEntry:
     due_at: float | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """What :meth:`SignalCore.accept` did.
@@ -120,6 +125,7 @@ class Accepted:
         return self.outcome == "fresh"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Ack:
     """One acknowledgement: the entry leaves the inbox, the receipt becomes ``processed``."""
@@ -129,6 +135,7 @@ class Ack:
     result: str | None = None  # JSON, already size-checked
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Taken:
     """What :meth:`SignalCore.take` handed out.
@@ -154,6 +161,7 @@ class Taken:
     pending: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """A signal that used up ``max_attempts`` and left the inbox."""
@@ -164,6 +172,7 @@ class DeadLetter:
     at: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ThreadState:
     """One thread as the core knows it (:meth:`SignalCore.describe`): ``pending`` signals,
@@ -183,6 +192,7 @@ class ThreadState:
     abort: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Due:
     """What :meth:`SignalCore.due` found: threads to look at now, and when the next one is

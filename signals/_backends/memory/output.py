@@ -26,19 +26,21 @@ class _Part:
     """A stored part; its :class:`StreamPart` (the JSON decoded) is built when first read, as
     most lifecycle parts are never read."""
 
-    __slots__ = ("_built", "key", "n", "now", "part")
+    __slots__ = ("_built", "data", "key", "kind", "n", "now", "run_id", "signal_id")
 
-    def __init__(self, n: int, now: float, key: str, part: PartIn) -> None:
-        self.n, self.now, self.key, self.part = n, now, key, part
+    def __init__(self, n: int, now: float, key: str, kind: str, run_id: str,
+                 signal_id: str | None, data: str | None) -> None:
+        self.n, self.now, self.key, self.kind = n, now, key, kind
+        self.run_id, self.signal_id, self.data = run_id, signal_id, data
         self._built: StreamPart | None = None
 
     def get(self) -> StreamPart:
         built = self._built
         if built is None:
-            p = self.part
-            built = self._built = StreamPart(str(self.n), self.key, p.run_id or None, p.kind,
-                                             json.loads(p.data) if p.data else None,
-                                             p.signal_id, self.now)
+            data = self.data
+            built = self._built = StreamPart(str(self.n), self.key, self.run_id or None,
+                                             self.kind, json.loads(data) if data else None,
+                                             self.signal_id, self.now)
         return built
 
 
@@ -75,15 +77,16 @@ class MemoryOutput:
         while out.parts and (len(out.parts) > self.stream_max_parts or out.parts[0].now <= horizon):
             out.trimmed = out.parts.popleft().n
 
-    def _append(self, thread_key: str, part: PartIn, now: float | None = None) -> str:
-        """Append ``part`` at ``now`` (the store's clock: the caller's step's time, or read
-        here); its cursor."""
+    def _append(self, thread_key: str, kind: str, run_id: str, signal_id: str | None,
+                data: str | None, now: float | None = None) -> str:
+        """Append a part (the fields of a :class:`PartIn`) at ``now`` (the store's clock: the
+        caller's step's time, or read here); its cursor."""
         if now is None:
             now = self._clock()
         out = self._outputs.get(thread_key) or self._output(thread_key)
         n = self._part_seq = self._part_seq + 1
         parts = out.parts
-        parts.append(_Part(n, now, thread_key, part))
+        parts.append(_Part(n, now, thread_key, kind, run_id, signal_id, data))
         if len(parts) > self.stream_max_parts or parts[0].now <= now - self._retention_s:
             self._trim(out, now)
         for _, event in out.waiters:
@@ -92,7 +95,7 @@ class MemoryOutput:
 
     async def emit(self, thread_key: str, parts: Sequence[PartIn]) -> list[str]:
         await checkpoint()
-        return [self._append(thread_key, p) for p in parts]
+        return [self._append(thread_key, p.kind, p.run_id, p.signal_id, p.data) for p in parts]
 
     def _read(self, thread_key: str, after: str | None, limit: int) -> list[StreamPart]:
         out = self._outputs.get(thread_key)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from signals._backends.memory.tables import insert_row, remove_row, trim_receipts
 from signals._model import EntryMode, Receipt, Signal
-from signals.kit._capabilities import CARRY_LIMIT, Notice, PartIn, Routed
+from signals.kit._capabilities import CARRY_LIMIT, Notice, Routed
 from signals.kit._core import Accepted, Ack, InboxEntry, Limits, RunRef, run_runtime
 from signals.kit._tables import EntryRow, ReceiptRow
 
@@ -64,7 +64,7 @@ def carry(store: InMemorySignalStore, key: str, signal: Signal, mode: EntryMode,
     th.pending += 1
     th.last = now
     receipts[sid] = ReceiptRow(key, sid, "pending", now, at=now)
-    store._append(key, PartIn("signal.received", owner, sid, '{"attempt":1}'), now)
+    store._append(key, "signal.received", owner, sid, '{"attempt":1}', now)
     entry_id = str(seq)
     if run_runtime(owner) != sender:
         entry = InboxEntry(entry_id, signal.evolve(attempt=1, mode="deliver", folded=()),
@@ -103,8 +103,8 @@ def settle_acks(store: InMemorySignalStore, key: str, run: RunRef, acks: Sequenc
         old = receipts.get(e.sid)
         receipts[e.sid] = ReceiptRow(key, e.sid, "processed", old.accepted if old else now,
                                      at=now, run=run.run_id, result=a.result)
-        store._append(key, PartIn("signal.acked", run.run_id, e.sid,
-                                  None if a.result is None else f'{{"result":{a.result}}}'), now)
+        store._append(key, "signal.acked", run.run_id, e.sid,
+                      None if a.result is None else f'{{"result":{a.result}}}', now)
     if th.pending <= 0:
         th.pending, th.look = 0, None
         for lane in th.lanes.values():

@@ -8,6 +8,7 @@ dict scanned by the recovery pass (O(indexed threads) per pass, in memory).
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,7 +32,9 @@ class _Inbox:
     expiring: list[tuple[float, int]] = field(default_factory=list)  # (expires, seq)
     carried: set[int] = field(default_factory=set)  # seqs carried or held
     lanes: dict[str, set[int]] = field(default_factory=dict)
-    receipts: dict[str, ReceiptRow] = field(default_factory=dict)  # in acceptance order
+    # In acceptance order; an OrderedDict, as the oldest goes for each new one past the cap (a
+    # dict would scan the slots its deletions left, up to thousands, to find its first item).
+    receipts: OrderedDict[str, ReceiptRow] = field(default_factory=OrderedDict)
 
 
 class MemoryState:
@@ -86,14 +89,13 @@ def remove_row(box: _Inbox, seq: int) -> EntryRow | None:
     return e
 
 
-def trim_receipts(receipts: dict[str, ReceiptRow], before: float, keep: int) -> None:
+def trim_receipts(receipts: OrderedDict[str, ReceiptRow], before: float, keep: int) -> None:
     """Forget the oldest receipts: those accepted by ``before``, and any past ``keep``
     (``receipts`` is in acceptance order)."""
     while receipts:
-        sid, r = next(iter(receipts.items()))
-        if r.accepted > before and len(receipts) <= keep:
+        if receipts[next(iter(receipts))].accepted > before and len(receipts) <= keep:
             return
-        del receipts[sid]
+        receipts.popitem(last=False)
 
 
 class _Leases:
@@ -283,4 +285,5 @@ class MemoryTables:
 
     def add_part(self, key: str, part: PartIn) -> str:
         assert self._output is not None
-        return self._output._append(key, part, self.now)
+        return self._output._append(key, part.kind, part.run_id, part.signal_id, part.data,
+                                    self.now)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Unpack
@@ -96,7 +97,9 @@ class RedisInbox:
         self.client: redis.asyncio.Redis = self._handle.client
         self.key_prefix = key_prefix
         self.keys = SignalKeys(key_prefix)
-        self._key_cache: dict[str, list[str]] = {}  # thread key -> its script keys (bounded)
+        # thread key -> its script keys (bounded: an OrderedDict, whose oldest item is found at
+        # once; a dict would scan the slots its deletions left)
+        self._key_cache: OrderedDict[str, list[str]] = OrderedDict()
         self._use_lease_keys(lease_keys)
         self.retention_ms = check_int("retention_ms", kept["retention_ms"])
         self.max_receipts = check_int("max_receipts", kept["max_receipts"])
@@ -156,7 +159,7 @@ class RedisInbox:
                 keys += [k.thread(thread_key, "lease"), k.thread(thread_key, "fence")]  # unused
             keys.append(k.pending_shard(thread_key) if self._idx == "1" else keys[0])
             if len(self._key_cache) >= _KEY_CACHE:  # bounded: the oldest entry goes
-                del self._key_cache[next(iter(self._key_cache))]
+                self._key_cache.popitem(last=False)
             self._key_cache[thread_key] = keys
         if self._idx == "1":
             return [*keys, self.keys.runtime_threads(runtime_id) if runtime_id else keys[0]]
