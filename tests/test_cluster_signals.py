@@ -13,7 +13,7 @@ import pytest
 
 from leases import RedisLeaseProvider
 from signals import RedisSignalStore, Signal
-from signals.kit import Ack, RunRef
+from signals.kit import Ack, PartIn, RunRef
 from signals.testing import SignalBackendConformance
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.cluster]
@@ -48,7 +48,8 @@ async def test_wait_replicas_confirms_every_scripted_write(
     cluster_url: str, key_prefix: str
 ) -> None:
     """``wait_replicas=1``: accept, take and ack (settle) each end with one WAIT on the
-    thread's master (and succeed: every master has a replica)."""
+    thread's master (and succeed: every master has a replica); an agent's own stream part
+    (``emit``) does not wait (docs/cluster.md)."""
     store = RedisSignalStore(url=cluster_url, cluster=True, key_prefix=f"{key_prefix}:w",
                              wait_replicas=1)
     try:
@@ -63,6 +64,9 @@ async def test_wait_replicas_confirms_every_scripted_write(
             assert await store.settle("t", run, acks=[Ack(entry.entry_id, sid)])
             waits.append(await _wait_calls(store.client) - before)
         assert waits[1] == 3, waits
+        before = await _wait_calls(store.client)
+        await store.emit("t", [PartIn("part", "rt/run-1", None, '{"n":1}')])
+        assert await _wait_calls(store.client) == before  # an agent's own part: no WAIT
         receipt = await store.receipt("t", "s1")
         assert receipt is not None and receipt.status == "processed"
     finally:

@@ -51,8 +51,8 @@ class RedisOutput(RedisInbox):
         for p in parts:
             args += [p.kind, p.run_id, p.signal_id or "", p.data or ""]
         keys = [self.keys.thread(thread_key, "stream"), self.keys.thread(thread_key, "meta")]
-        # (writes=False: an emit has never ended with WAIT, though docs/api.md says every
-        # scripted write does; kept as it was, see the note)
+        # (writes=False: no WAIT under wait_replicas, as docs/cluster.md says: a stream of
+        # tokens would pay a round trip per part; lifecycle parts go with the inbox's writes)
         ids = await run_script(self._handle, self._scripts()[0], keys, args, "stream append",
                                writes=False)
         return [text(i) for i in ids]
