@@ -39,18 +39,16 @@ T = TypeVar("T")
 
 
 @types.coroutine
-def _yield_once() -> Generator[None, None, None]:
-    yield  # asyncio: a bare yield reschedules the task at once (what ``asyncio.sleep(0)`` does)
-
-
-async def checkpoint() -> None:
-    """:func:`anyio.lowlevel.checkpoint`: a cancellation point that lets other tasks run.
-    On asyncio it is what anyio's is (``asyncio.sleep(0)``) without anyio's lookup of the
-    running library first: the in-memory backends take one on every call."""
+def checkpoint() -> Generator[Any, Any, None]:
+    """:func:`anyio.lowlevel.checkpoint` (``await checkpoint()``): a cancellation point that
+    lets other tasks run. On asyncio it is what anyio's is (``asyncio.sleep(0)``: a bare
+    ``yield`` reschedules the task at once), without anyio's lookup of the running library
+    first and without a coroutine of its own: the in-memory backends take one on every
+    call."""
     if _get_running_loop() is not None:
-        await _yield_once()
+        yield
     else:
-        await anyio.lowlevel.checkpoint()
+        yield from anyio.lowlevel.checkpoint().__await__()
 
 
 def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:

@@ -40,7 +40,6 @@ __all__ = ["Chain", "ChainSettings", "RunEnd", "check_reducers"]
 logger = get_logger("signals")
 
 RunEnd: TypeAlias = Literal["finished", "failed", "cancelled"]
-_LOGGED_IDS = 3  # signal ids listed in a run's end line (the count is always there)
 
 
 class ChainSettings:
@@ -246,8 +245,7 @@ class Chain:
                             reason=reason, run_id=run.run_id)
         if end == "finished":
             await self._settle(run, None)
-        ids = [sig.id for sig in run.handed]
-        fields = {"signals": len(ids), "signal_ids": ids[:_LOGGED_IDS]}
+        fields = {"signals": run.consumed, "signal_ids": list(run.first_ids)}
         if end == "failed":
             log.error("run.failed", error=error, unacked=len(run.unacked), **fields)
             await self._settle(run, error or "")
@@ -264,7 +262,7 @@ class Chain:
             await self._part(run, "run.cancelled", {"reason": reason})
         else:
             log.info("run.finished", **fields)
-            await self._part(run, "run.finished", {"signals": len(ids)})
+            await self._part(run, "run.finished", {"signals": run.consumed})
         return end, more or end != "finished"
 
     async def _settle(self, run: Run, error: str | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ _ORDER = itertools.count()
 #: Signal ids a run remembers as acknowledged (a second ack of one is a no-op; a notice that
 #: carries one late is dropped); older ones are forgotten, so a long run's memory is bounded.
 _KEEP_ACKED = 10_000
+FIRST_IDS = 3  # signal ids a run keeps of what it handed out (Run.first_ids)
 
 
 def _key(entry: InboxEntry) -> tuple[int, int, int]:
@@ -130,12 +131,19 @@ class Run:
         self._paused = False  # the thread was paused: hand out nothing more
         self._winding_down = False  # the runtime is leaving: wait for nothing new
         self._carried: set[str] = set()  # carried to this run by a notice, left in the core
-        self.handed: list[Signal] = []
+        self._consumed = 0  # signals handed to the agent
+        self._first_ids: list[str] = []  # the first few of them (a run's end line names them)
 
     @property
     def consumed(self) -> int:
         """How many signals this run has handed to the agent."""
-        return len(self.handed)
+        return self._consumed
+
+    @property
+    def first_ids(self) -> Sequence[str]:
+        """The ids of the first signals handed out, at most three (what a run's end line
+        names): a run may live for ever, and keeps no more of what it handed out."""
+        return self._first_ids
 
     @property
     def pending(self) -> int:
@@ -260,7 +268,9 @@ class Run:
                 self.thread_key, self.run_id, signal, [e.signal for e in entries],
                 taken_over=self._taken_over)
             self._current = unit
-        self.handed.append(signal)
+        self._consumed += 1
+        if len(self._first_ids) < FIRST_IDS:
+            self._first_ids.append(signal.id)
         return signal
 
     def _leave_current(self) -> None:
@@ -318,7 +328,7 @@ class Run:
             taken = await retry_unavailable(
                 lambda: self._store.take(self.thread_key, self._ref, acks=acks or (),
                                          max_attempts=self._max_attempts,
-                                         first=not self.handed)
+                                         first=not self._consumed)
             )
         finally:
             self._taking = False

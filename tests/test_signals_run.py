@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from leases import InMemoryLeaseProvider
@@ -43,11 +45,31 @@ async def test_a_carried_signal_is_handed_out_once_whether_take_or_notice_comes_
         assert [s.id if s else None for s in handed] == ["b", None]
 
 
+def _signals_held(obj: object, depth: int = 6) -> int:
+    """How many signals ``obj`` refers to, through up to ``depth`` containers or objects."""
+    seen: set[int] = set()
+    found = 0
+    level = [obj]
+    for _ in range(depth):
+        below = []
+        for item in level:
+            for ref in gc.get_referents(item):
+                if id(ref) in seen or isinstance(ref, type | str | int | float):
+                    continue
+                seen.add(id(ref))
+                if isinstance(ref, Signal):
+                    found += 1
+                else:
+                    below.append(ref)
+        level = below
+    return found
+
+
 async def test_a_long_run_remembers_a_bounded_number_of_acknowledgements(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that lives for many signals keeps the ids of its last acknowledgements only (a
-    second ack of one of them is a no-op), and none of what notices carried once acked: its
-    memory does not grow with the signals it processed."""
+    second ack of one of them is a no-op), none of what notices carried once acked, and none
+    of the signals it handed out: its memory does not grow with the signals it processed."""
     import signals._run as run_module
 
     monkeypatch.setattr(run_module, "_KEEP_ACKED", 50)
@@ -73,6 +95,8 @@ async def test_a_long_run_remembers_a_bounded_number_of_acknowledgements(
             run.offer(InboxEntry(routed.accepted.entry_id or "", signal.evolve(attempt=1),
                                  "deliver", 1, len(signal.encode()), "carried", "rt-a/1"))
         assert len(run._acked) == 50 and not run._carried
+        assert run.consumed == 120 and list(run.first_ids) == ["s0", "s1", "s2"]
+        assert _signals_held(run) == 1  # the last one carried, not yet handed out
         await run.ack("s119")  # remembered: a no-op
         with pytest.raises(ValueError, match="was not handed to this run"):
             await run.ack("s0")  # forgotten long ago
