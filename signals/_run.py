@@ -14,6 +14,7 @@ import anyio
 import anyio.lowlevel
 
 from _signal_leases.aio import loop_time, retry_unavailable, unix_now
+from _signal_leases.errors import BackendUnavailableError
 from _signal_leases.validation import check_str
 from signals._doorbell import Doorbell
 from signals._model import Signal, encode_json
@@ -397,9 +398,12 @@ class Run:
         if self._more and not self._buffer and not self._grouped and not self._stopped:
             await self._take(acks)  # the next hand-out in the same call
         else:
-            if not await retry_unavailable(
-                lambda: self._store.settle(self.thread_key, self._ref, acks=acks)
-            ):
+            try:  # (retry_unavailable's first attempt, without its coroutine: every ack)
+                settled = await self._store.settle(self.thread_key, self._ref, acks=acks)
+            except BackendUnavailableError:
+                settled = await retry_unavailable(
+                    lambda: self._store.settle(self.thread_key, self._ref, acks=acks))
+            if not settled:
                 await self._fenced()
             self._inbox_pending = max(0, self._inbox_pending - len(acks))
         self._unacked.pop(signal_id, None)
@@ -431,9 +435,12 @@ class Run:
         this when the agent returns normally)."""
         if self._unacked:
             acks = [a for u in self._unacked.values() for a in self._acks(u, None)]
-            if not await retry_unavailable(
-                lambda: self._store.settle(self.thread_key, self._ref, acks=acks)
-            ):
+            try:  # (retry_unavailable's first attempt, without its coroutine: every ack)
+                settled = await self._store.settle(self.thread_key, self._ref, acks=acks)
+            except BackendUnavailableError:
+                settled = await retry_unavailable(
+                    lambda: self._store.settle(self.thread_key, self._ref, acks=acks))
+            if not settled:
                 await self._fenced()
             self._inbox_pending = max(0, self._inbox_pending - len(acks))
             self._done([*self._unacked, *(a.signal_id for a in acks)])

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pytest
 
 from leases import InMemoryLeaseProvider
 from pubsub import InMemoryPubSub
-from signals import InMemorySignalStore, Signal
+from signals import BackendUnavailableError, InMemorySignalStore, Signal
 from signals._run import Doorbell, Run
 from signals.kit import Claim, InboxEntry, KitStore
 
@@ -100,3 +101,33 @@ async def test_a_long_run_remembers_a_bounded_number_of_acknowledgements(
         await run.ack("s119")  # remembered: a no-op
         with pytest.raises(ValueError, match="was not handed to this run"):
             await run.ack("s0")  # forgotten long ago
+
+
+async def test_an_ack_while_the_store_is_unavailable_is_retried() -> None:
+    """A settle that raises ``BackendUnavailableError`` is tried again after a back-off, and
+    the ack then goes through (the first attempt is made without the retry helper)."""
+    leases = InMemoryLeaseProvider()
+    core = InMemorySignalStore(leases=leases)
+    async with InMemoryPubSub() as pubsub:
+        kit = KitStore(core, leases, pubsub, prefix="signals", runtime_id="rt-a",
+                       heartbeat=None, new_run_id=lambda: "rt-a/1")
+        first = await core.route("t", Signal("a", id="a"), "deliver",
+                                 claim=Claim("rt-a/1", 60_000, None, "rt-a"), sender="rt-x",
+                                 wake_workers=False)
+        run = Run(run_id="rt-a/1", thread_key="t", token=first.token, store=kit,
+                  doorbell=Doorbell(), idle_wait_s=0, max_attempts=5, max_bytes=1 << 20)
+        calls: list[str] = []
+        settle = kit.settle
+
+        async def flaky(*args: Any, **kwargs: Any) -> bool:
+            calls.append("settle")
+            if len(calls) < 3:
+                raise BackendUnavailableError("the store is down")
+            return await settle(*args, **kwargs)
+        kit.settle = flaky
+        a = await run.next_signal(timeout=0)
+        assert a is not None
+        await run.ack(a)
+        assert calls == ["settle"] * 3
+        receipt = await core.receipt("t", "a")
+        assert receipt is not None and receipt.status == "processed"
