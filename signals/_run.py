@@ -398,19 +398,24 @@ class Run:
         if self._more and not self._buffer and not self._grouped and not self._stopped:
             await self._take(acks)  # the next hand-out in the same call
         else:
-            try:  # (retry_unavailable's first attempt, without its coroutine: every ack)
-                settled = await self._store.settle(self.thread_key, self._ref, acks=acks)
-            except BackendUnavailableError:
-                settled = await retry_unavailable(
-                    lambda: self._store.settle(self.thread_key, self._ref, acks=acks))
-            if not settled:
-                await self._fenced()
-            self._inbox_pending = max(0, self._inbox_pending - len(acks))
+            await self._settle(acks)
         self._unacked.pop(signal_id, None)
         entries = unit.entries
         self._done((signal_id,) if len(entries) == 1 and entries[0].signal.id == signal_id
                    else [signal_id, *(e.signal.id for e in entries)])
         self._span_done(unit)
+
+    async def _settle(self, acks: list[Ack]) -> None:
+        """Acknowledge ``acks`` in the store, retried while it is unavailable (the first try
+        made here, not through the retry helper's coroutine: it is every ack's)."""
+        try:
+            settled = await self._store.settle(self.thread_key, self._ref, acks=acks)
+        except BackendUnavailableError:
+            settled = await retry_unavailable(
+                lambda: self._store.settle(self.thread_key, self._ref, acks=acks))
+        if not settled:
+            await self._fenced()
+        self._inbox_pending = max(0, self._inbox_pending - len(acks))
 
     def _done(self, signal_ids: Iterable[str]) -> None:
         """``signal_ids`` were acknowledged: remembered (the last ``_KEEP_ACKED``, so that a
@@ -435,14 +440,7 @@ class Run:
         this when the agent returns normally)."""
         if self._unacked:
             acks = [a for u in self._unacked.values() for a in self._acks(u, None)]
-            try:  # (retry_unavailable's first attempt, without its coroutine: every ack)
-                settled = await self._store.settle(self.thread_key, self._ref, acks=acks)
-            except BackendUnavailableError:
-                settled = await retry_unavailable(
-                    lambda: self._store.settle(self.thread_key, self._ref, acks=acks))
-            if not settled:
-                await self._fenced()
-            self._inbox_pending = max(0, self._inbox_pending - len(acks))
+            await self._settle(acks)
             self._done([*self._unacked, *(a.signal_id for a in acks)])
             for unit in self._unacked.values():
                 self._span_done(unit)

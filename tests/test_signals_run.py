@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -16,21 +18,29 @@ from signals.kit import Claim, InboxEntry, KitStore
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_carried_signal_is_handed_out_once_whether_take_or_notice_comes_first() -> None:
-    """The core hands a signal carried to a run to that run's next take, and the notice that
-    carries it may arrive after that take (Redis delivers notices on another connection): the
-    run hands it out once."""
+@asynccontextmanager
+async def _a_run(first: Signal) -> AsyncIterator[tuple[InMemorySignalStore, KitStore, Run]]:
+    """Run ``rt-a/1`` of thread ``t`` over an in-memory core, holding the thread: ``first``
+    was routed with its claim (and is carried to it)."""
     leases = InMemoryLeaseProvider()
     core = InMemorySignalStore(leases=leases)
     async with InMemoryPubSub() as pubsub:
         kit = KitStore(core, leases, pubsub, prefix="signals", runtime_id="rt-a",
                        heartbeat=None, new_run_id=lambda: "rt-a/1")
-        first = await core.route("t", Signal("a", id="a"), "deliver",
-                                 claim=Claim("rt-a/1", 60_000, None, "rt-a"), sender="rt-x",
-                                 wake_workers=False)
-        assert first.claimed
-        run = Run(run_id="rt-a/1", thread_key="t", token=first.token, store=kit,
-                  doorbell=Doorbell(), idle_wait_s=0, max_attempts=5, max_bytes=1 << 20)
+        routed = await core.route("t", first, "deliver",
+                                  claim=Claim("rt-a/1", 60_000, None, "rt-a"), sender="rt-x",
+                                  wake_workers=False)
+        assert routed.claimed
+        yield core, kit, Run(run_id="rt-a/1", thread_key="t", token=routed.token, store=kit,
+                             doorbell=Doorbell(), idle_wait_s=0, max_attempts=5,
+                             max_bytes=1 << 20)
+
+
+async def test_a_carried_signal_is_handed_out_once_whether_take_or_notice_comes_first() -> None:
+    """The core hands a signal carried to a run to that run's next take, and the notice that
+    carries it may arrive after that take (Redis delivers notices on another connection): the
+    run hands it out once."""
+    async with _a_run(Signal("a", id="a")) as (core, _kit, run):
         a = await run.next_signal(timeout=0)
         assert a is not None and a.id == "a"
         await run.ack(a)
@@ -74,16 +84,7 @@ async def test_a_long_run_remembers_a_bounded_number_of_acknowledgements(
     import signals._run as run_module
 
     monkeypatch.setattr(run_module, "_KEEP_ACKED", 50)
-    leases = InMemoryLeaseProvider()
-    core = InMemorySignalStore(leases=leases)
-    async with InMemoryPubSub() as pubsub:
-        kit = KitStore(core, leases, pubsub, prefix="signals", runtime_id="rt-a",
-                       heartbeat=None, new_run_id=lambda: "rt-a/1")
-        first = await core.route("t", Signal(0, id="s0"), "deliver",
-                                 claim=Claim("rt-a/1", 60_000, None, "rt-a"), sender="rt-x",
-                                 wake_workers=False)
-        run = Run(run_id="rt-a/1", thread_key="t", token=first.token, store=kit,
-                  doorbell=Doorbell(), idle_wait_s=0, max_attempts=5, max_bytes=1 << 20)
+    async with _a_run(Signal(0, id="s0")) as (core, _kit, run):
         for i in range(1, 121):
             signal = await run.next_signal(timeout=0)
             assert signal is not None and signal.id == f"s{i - 1}", i
@@ -106,16 +107,7 @@ async def test_a_long_run_remembers_a_bounded_number_of_acknowledgements(
 async def test_an_ack_while_the_store_is_unavailable_is_retried() -> None:
     """A settle that raises ``BackendUnavailableError`` is tried again after a back-off, and
     the ack then goes through (the first attempt is made without the retry helper)."""
-    leases = InMemoryLeaseProvider()
-    core = InMemorySignalStore(leases=leases)
-    async with InMemoryPubSub() as pubsub:
-        kit = KitStore(core, leases, pubsub, prefix="signals", runtime_id="rt-a",
-                       heartbeat=None, new_run_id=lambda: "rt-a/1")
-        first = await core.route("t", Signal("a", id="a"), "deliver",
-                                 claim=Claim("rt-a/1", 60_000, None, "rt-a"), sender="rt-x",
-                                 wake_workers=False)
-        run = Run(run_id="rt-a/1", thread_key="t", token=first.token, store=kit,
-                  doorbell=Doorbell(), idle_wait_s=0, max_attempts=5, max_bytes=1 << 20)
+    async with _a_run(Signal("a", id="a")) as (core, kit, run):
         calls: list[str] = []
         settle = kit.settle
 
