@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -34,6 +35,7 @@ __all__ = [
     "StreamPart",
     "ThreadInfo",
     "encode_json",
+    "fold",
 ]
 
 #: The default limit on one encoded signal (and on one result or stream part): 1 MiB.
@@ -61,6 +63,21 @@ ReceiptStatus: TypeAlias = Literal[
     "pending", "scheduled", "processed", "dead_lettered", "cancelled", "superseded",
     "expired", "dropped",
 ]
+
+
+def fold(signals: Sequence[Signal], reducer: Callable[[list[Signal]], Any] | None, *,
+         attempt: int, mode: EntryMode) -> Signal:
+    """The pending signals of a ``coalesce`` lane handed out as one: the last of them with the
+    payload ``reducer`` makes of them all (without one, the list of their payloads), its
+    ``folded`` their ids."""
+    last = signals[-1]
+    payload = reducer(list(signals)) if reducer is not None else [s.payload for s in signals]
+    try:
+        folded = last.replace(payload=payload)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the reducer for lane {last.lane!r} returned a payload that is not "
+                        f"JSON-serialisable: {exc}") from exc
+    return folded.evolve(attempt=attempt, mode=mode, folded=tuple(s.id for s in signals))
 
 
 def encode_json(value: Any, what: str, limit: int | None = None) -> str:

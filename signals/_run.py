@@ -17,8 +17,9 @@ from _signal_leases.aio import loop_time, retry_unavailable, unix_now
 from _signal_leases.errors import BackendUnavailableError
 from _signal_leases.validation import check_str
 from signals._doorbell import Doorbell
-from signals._model import Signal, encode_json
+from signals._model import Signal, encode_json, fold
 from signals._schedules import TICK_PREFIX
+from signals._telemetry import HandOutSpans
 from signals.kit._capabilities import PartIn
 from signals.kit._core import Ack, RunRef
 
@@ -101,8 +102,7 @@ class Run:
     ) -> None:
         self.run_id = run_id
         self._taken_over = taken_over
-        self._telemetry = telemetry
-        self._current: _Unit | None = None  # the hand-out whose span is the current one
+        self._spans = HandOutSpans(telemetry) if telemetry is not None else None
         self.thread_key = thread_key
         self.token = token
         self.interrupted = False
@@ -201,6 +201,9 @@ class Run:
         if self._primed is not None:
             signal, self._primed = self._primed, None
             return signal
+        handed = None if self._paused else self._hand_out()  # (most often: no clock, no loop)
+        if handed is not None:
+            return handed
         wait_s = self._idle_wait_s if timeout is None else max(0.0, timeout)
         deadline = loop_time() + wait_s
         while True:
@@ -250,42 +253,22 @@ class Run:
                                       and last.signal.merge == "coalesce"):
             signal = last.signal.evolve(attempt=max(1, last.attempts))
         else:
-            attempt = max(max(1, e.attempts) for e in entries)
-            signals = [e.signal for e in entries]
-            reducer = self._reducers.get(last.signal.lane or "")
-            payload = reducer(signals) if reducer is not None else [s.payload for s in signals]
-            try:
-                folded = last.signal.replace(payload=payload)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"the reducer for lane {last.signal.lane!r} returned a payload "
-                                f"that is not JSON-serialisable: {exc}") from exc
-            signal = folded.evolve(attempt=attempt, mode=last.mode,
-                                   folded=tuple(e.signal.id for e in entries))
+            signal = fold([e.signal for e in entries], self._reducers.get(last.signal.lane or ""),
+                          attempt=max(max(1, e.attempts) for e in entries), mode=last.mode)
         unit = self._unacked[signal.id] = _Unit(signal, entries)
-        if self._telemetry is not None and (self._current is not None
-                                            or not self._telemetry.quiet()):
-            self._leave_current()
-            unit.span = self._telemetry.start_process(
-                self.thread_key, self.run_id, signal, [e.signal for e in entries],
-                taken_over=self._taken_over)
-            self._current = unit
+        if self._spans is not None:
+            unit.span = self._spans.start(self.thread_key, self.run_id, signal, entries,
+                                          taken_over=self._taken_over)
         self._consumed += 1
         if len(self._first_ids) < FIRST_IDS:
             self._first_ids.append(signal.id)
         return signal
 
-    def _leave_current(self) -> None:
-        """The previous hand-out's span stops being the current one (it ends at its ack)."""
-        if self._current is not None and self._current.span is not None:
-            self._current.span.detach()
-        self._current = None
-
     def end_spans(self, error: str | None) -> None:
         """The run ended: end the spans of what it never acknowledged (``error``: why)."""
-        if self._telemetry is not None:
-            self._leave_current()
+        if self._spans is not None:
+            self._spans.end_all([u.span for u in self._unacked.values()], error)
             for unit in self._unacked.values():
-                self._telemetry.end_process(unit.span, error or "not acknowledged")
                 unit.span = None
 
     def offer(self, entry: InboxEntry) -> bool:
@@ -429,10 +412,8 @@ class Run:
             acked.popitem(last=False)
 
     def _span_done(self, unit: _Unit) -> None:
-        if unit.span is not None and self._telemetry is not None:
-            if unit is self._current:
-                self._current = None
-            self._telemetry.end_process(unit.span)
+        if self._spans is not None:
+            self._spans.end(unit.span)
             unit.span = None
 
     async def ack_all(self) -> None:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from signals._model import Delivery, Signal
 
-__all__ = ["DESTINATION", "Telemetry"]
+__all__ = ["DESTINATION", "HandOutSpans", "Telemetry"]
 
 DESTINATION = "signals.thread"
 _SYSTEM = "signals"
@@ -345,6 +345,45 @@ class Telemetry:
         span = otel_trace.get_current_span()
         if span.is_recording():
             span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
+
+
+class HandOutSpans:
+    """The process spans of one run's hand-outs. Each starts when a signal is handed to the
+    agent, is the current span in the agent's task until the next hand-out, and ends at the
+    signal's ack, or with the run."""
+
+    __slots__ = ("_current", "_telemetry")
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self._current: Any = None  # the handle whose span is the current one
+
+    def start(self, thread_key: str, run_id: str, signal: Signal, entries: Sequence[Any], *,
+              taken_over: bool) -> Any:
+        """A hand-out of ``signal`` (``entries``: the inbox entries it stands for): its
+        handle, for :meth:`end`; ``None`` while nothing is configured."""
+        if self._current is None and self._telemetry.quiet():
+            return None
+        if self._current is not None:
+            self._current.detach()  # the previous one stops being current (it ends at its ack)
+        self._current = self._telemetry.start_process(
+            thread_key, run_id, signal, [e.signal for e in entries], taken_over=taken_over)
+        return self._current
+
+    def end(self, handle: Any, error: str | None = None) -> None:
+        """A hand-out's span ends: at its ack (``error`` ``None``), or with the run."""
+        if handle is not None:
+            if handle is self._current:
+                self._current = None
+            self._telemetry.end_process(handle, error)
+
+    def end_all(self, handles: Iterable[Any], error: str | None) -> None:
+        """The run ended: end the spans of what it never acknowledged (``error``: why)."""
+        if self._current is not None:
+            self._current.detach()
+            self._current = None
+        for handle in handles:
+            self.end(handle, error or "not acknowledged")
 
 
 class _Timed:
