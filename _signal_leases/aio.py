@@ -45,10 +45,14 @@ def checkpoint() -> Generator[Any, Any, None]:
     ``yield`` reschedules the task at once), without anyio's lookup of the running library
     first and without a coroutine of its own: the in-memory backends take one on every
     call."""
-    if _get_running_loop() is not None:
+    loop = _get_running_loop()
+    if loop is not None and _current_task(loop) is not None:  # (not trio as asyncio's guest)
         yield
     else:
         yield from anyio.lowlevel.checkpoint().__await__()
+
+
+_current_task = asyncio.current_task
 
 
 def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:

@@ -60,6 +60,7 @@ def _describe(init: Any, cls: type[Any], original: Any) -> None:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     init.__doc__ = original.__doc__
+    init.__annotations__ = dict(original.__annotations__)  # (typing.get_type_hints)
     init.__wrapped__ = original  # inspect.signature reads the dataclass's (when asked)
 
 

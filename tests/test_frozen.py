@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import typing
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
@@ -71,7 +72,20 @@ def test_a_quick_init_builds_what_the_dataclass_builds(
     assert outcomes[0] == outcomes[1]
     assert calls[::2] == calls[1::2]  # __post_init__ ran once for each, with the fields set
     assert inspect.signature(quick) == inspect.signature(plain)
+    assert typing.get_type_hints(quick.__init__) == typing.get_type_hints(plain.__init__)
     assert "__qi_set0" in quick.__dict__["__init__"].__globals__  # (the quicker one ran)
+
+
+def test_the_type_hints_of_init_are_the_dataclass_s_before_and_after_the_warm_up() -> None:
+    """``typing.get_type_hints`` of the ``__init__`` (what documentation tools and checkers
+    read) names the fields' types, whichever ``__init__`` is in place."""
+    plain, quick, _ = _twins()
+    before = typing.get_type_hints(quick.__init__)
+    for n in range(frozen._WARM + 1):
+        quick(n)
+    assert before == typing.get_type_hints(quick.__init__) == typing.get_type_hints(
+        plain.__init__)
+    assert typing.get_type_hints(leases.LeaseInfo.__init__)["ttl_ms_remaining"] == int | None
 
 
 def test_quick_init_refuses_what_it_does_not_fit() -> None:

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from leases import InMemoryLeaseProvider
+from signals import Signal
 from signals._backends.memory import quick
 from signals._backends.memory.store import InMemorySignalStore
-from signals.kit import Notice
+from signals.kit import Limits, Notice
 from tests._two_cores import TwoCoresMachine
 
 NOW = 1_800_000_000.0
@@ -96,3 +97,31 @@ def test_the_quick_paths_leave_the_state_the_engine_leaves(
         max_examples=200, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow]))
     assert min(used.values()) >= 50, f"the quick paths ran {used}: the test proves nothing"
+
+
+@pytest.mark.anyio
+async def test_a_carry_is_whole_before_its_notice_is_sent() -> None:
+    """The quick path indexes the thread (for recovery, should the owner die) before it tells
+    the owner's runtime, as the engine sends its notices after the whole step: a listener
+    that raises leaves both stores alike."""
+    found = []
+    first, signal = Signal({}, id="first"), Signal({}, id="s")
+    for quick_paths in (True, False):
+        store = InMemorySignalStore(leases=InMemoryLeaseProvider(clock=lambda: 0.0),
+                                    clock=lambda: NOW)
+        store.quick_paths = quick_paths
+        await store.accept("th", first, "deliver")  # the thread and its inbox
+        await store.look_at("th", NOW)
+        await store.withdraw("th", None)  # drained: not indexed
+        leases: Any = store.leases
+        await leases.acquire_lease("th", "rt/1", 60_000)
+
+        def fails(notice: Notice) -> None:
+            raise RuntimeError("the listener failed")
+        store._listeners["rt"] = fails
+        with pytest.raises(RuntimeError, match="listener failed"):
+            await store.route("th", signal, "deliver", claim=None, sender="other",
+                              wake_workers=True, limits=Limits())
+        found.append(_state(store))
+    assert found[0] == found[1]
+    assert found[0]["threads"]["th"]["look"] == NOW

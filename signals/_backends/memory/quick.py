@@ -65,13 +65,13 @@ def carry(store: InMemorySignalStore, key: str, signal: Signal, mode: EntryMode,
     th.last = now
     receipts[sid] = ReceiptRow(key, sid, "pending", now, at=now)
     store._append(key, "signal.received", owner, sid, '{"attempt":1}', now)
+    look = th.look
+    th.look = now if look is None or now < look else look  # (the step is whole: then notify)
     entry_id = str(seq)
     if run_runtime(owner) != sender:
         entry = InboxEntry(entry_id, signal.evolve(attempt=1, mode="deliver", folded=()),
                            "deliver", 1, len(body), "carried", owner)
         store._notify(run_runtime(owner), Notice("signal", key, owner, entry=entry))
-    look = th.look
-    th.look = now if look is None or now < look else look
     accepted = Accepted("fresh", entry_id, Receipt(sid, "pending", at=now))
     return Routed(accepted, owner, carried=True)
 
