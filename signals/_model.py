@@ -162,7 +162,7 @@ class Signal:
         object.__setattr__(self, "_encoded", encoded)
 
     def _plain(self) -> bool:
-        """Every option at its default (most signals): nothing more to check or encode."""
+        """Every option at its default (most signals): no option to check or to encode."""
         return (self.priority == 0 and type(self.priority) is int and self.lane is None
                 and self.merge == "append" and self.cache_key is None
                 and self.not_before is None and self.expires_at is None
