@@ -38,21 +38,21 @@ __all__ = [
 T = TypeVar("T")
 
 
+_current_task = asyncio.current_task
+
+
 @types.coroutine
 def checkpoint() -> Generator[Any, Any, None]:
     """:func:`anyio.lowlevel.checkpoint` (``await checkpoint()``): a cancellation point that
-    lets other tasks run. On asyncio it is what anyio's is (``asyncio.sleep(0)``: a bare
-    ``yield`` reschedules the task at once), without anyio's lookup of the running library
-    first and without a coroutine of its own: the in-memory backends take one on every
-    call."""
+    lets other tasks run. In an asyncio task it is what anyio's is (``asyncio.sleep(0)``: a
+    bare ``yield`` reschedules the task at once), without anyio's lookup of the running
+    library first and without a coroutine of its own: the in-memory backends take one on
+    every call. Elsewhere (trio, or trio run as asyncio's guest) it is anyio's."""
     loop = _get_running_loop()
-    if loop is not None and _current_task(loop) is not None:  # (not trio as asyncio's guest)
+    if loop is not None and _current_task(loop) is not None:
         yield
     else:
         yield from anyio.lowlevel.checkpoint().__await__()
-
-
-_current_task = asyncio.current_task
 
 
 def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
