@@ -201,17 +201,16 @@ class Run:
         if self._primed is not None:
             signal, self._primed = self._primed, None
             return signal
-        handed = None if self._paused else self._hand_out()  # (most often: no clock, no loop)
-        if handed is not None:
-            return handed
-        wait_s = self._idle_wait_s if timeout is None else max(0.0, timeout)
-        deadline = loop_time() + wait_s
+        deadline: float | None = None  # read once a signal is not at hand (most often it is)
         while True:
             if self._paused:
                 return None
             handed = self._hand_out()
             if handed is not None:
                 return handed
+            if deadline is None:
+                deadline = loop_time() + (
+                    self._idle_wait_s if timeout is None else max(0.0, timeout))
             if self._stopped:
                 return None
             if self._more or self._doorbell.take():

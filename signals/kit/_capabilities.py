@@ -45,7 +45,9 @@ __all__ = [
     "Routed",
     "RuntimeInfo",
     "RuntimeRegistry",
+    "acked_data",
     "has",
+    "received_data",
 ]
 
 #: Fused cores deliver a ``deliver`` signal up to this size (encoded) to the owner's run in
@@ -104,6 +106,16 @@ class Follower(Protocol):
         """Wait for parts after ``after`` (``None``: from the start) and return them (an
         empty list is allowed: read again). Many waiters share one watcher."""
         ...
+
+
+def received_data(attempt: int) -> str:
+    """The JSON of a ``signal.received`` part."""
+    return f'{{"attempt":{attempt:d}}}'
+
+
+def acked_data(result: str | None) -> str | None:
+    """The JSON of a ``signal.acked`` part (``result``: the ack's, its JSON already)."""
+    return None if result is None else f'{{"result":{result}}}'
 
 
 @quick_init

@@ -8,7 +8,7 @@ from __future__ import annotations
 from signals._model import EntryMode, Signal
 from signals.kit._capabilities import CARRY_LIMIT, Claim, Claimed, Notice, Routed
 from signals.kit._core import Limits, run_runtime
-from signals.kit._rules import Outbox, Rules, entry_of
+from signals.kit._rules import Outbox, Rules, emptied, entry_of
 from signals.kit._tables import Tables, ThreadRow
 
 __all__ = ["Engine", "Outbox"]
@@ -88,7 +88,7 @@ class Engine(Rules):
             return Claimed(owner=live[0])
         if not work:
             th.look = t.next_due(key)
-            self._emptied(t, th)
+            emptied(th)
             t.save_thread(th)
             return Claimed(empty=True, next_due=th.look)
         token = leases.grant(key, claim.owner, claim.ttl_ms, claim.session)
@@ -108,7 +108,7 @@ class Engine(Rules):
                 t.save_thread(th)
                 return False
             th.look = None if th.paused else t.next_due(key)
-            self._emptied(t, th)
+            emptied(th)
             t.save_thread(th)
         live = leases.live(key)
         if live is not None and live[0] == owner:
@@ -126,7 +126,7 @@ class Engine(Rules):
         th = self._thread(t, key)
         if clear:
             self._remove(t, th, t.rows(key, th.pending, 0), "cancelled", run=run)
-            self._emptied(t, th)
+            emptied(th)
         _abort_run(th, key, run, reason, outbox)
         t.save_thread(th)
         return run

@@ -18,10 +18,7 @@ from dataclasses import dataclass, field
 
 from _signal_leases.encoding import compact_json
 from signals._model import EntryMode, Receipt, Signal
-from signals.kit._capabilities import (
-    Notice,
-    PartIn,
-)
+from signals.kit._capabilities import Notice, PartIn, acked_data, received_data
 from signals.kit._core import (
     NO_LIMITS,
     Accepted,
@@ -38,7 +35,7 @@ from signals.kit._core import (
 )
 from signals.kit._tables import EntryRow, ReceiptRow, Tables, ThreadRow
 
-__all__ = ["Outbox", "Rules", "entry_of"]
+__all__ = ["Outbox", "Rules", "emptied", "entry_of"]
 
 _OPEN = ("ready", "later")  # not handed out, not carried: what supersede, cancel, drop may take
 
@@ -56,6 +53,16 @@ class Outbox:
 def entry_of(e: EntryRow) -> InboxEntry:
     return decode_entry(str(e.seq), e.body, e.mode, e.attempts, state=e.state, holder=e.holder,
                         due_at=e.due if e.state == "later" else None, signal=e.signal)
+
+
+def emptied(th: ThreadRow) -> None:
+    """Keep the index and the lanes right after entries left: a thread with none pending
+    leaves the index, and its lanes' windows close."""
+    if th.pending <= 0:
+        th.pending, th.look = 0, None
+        for state in th.lanes.values():
+            state.pop("f", None)
+            state.pop("g", None)
 
 
 def _receipt(r: ReceiptRow) -> Receipt:
@@ -89,7 +96,7 @@ class Rules:
     @staticmethod
     def _received(t: Tables, key: str, run: str, sid: str, attempt: int) -> None:
         """The ``signal.received`` part (once per hand-out: its JSON written directly)."""
-        Rules._part(t, key, "signal.received", run, sid, text=f'{{"attempt":{attempt:d}}}')
+        Rules._part(t, key, "signal.received", run, sid, text=received_data(attempt))
 
     def _set_receipt(self, t: Tables, key: str, sid: str, status: str, **fields: object) -> None:
         old = t.receipt(key, sid)
@@ -110,14 +117,6 @@ class Rules:
             self._part(t, th.key, f"signal.{status}", run, e.sid,
                        {"superseded_by": by} if by else None)
         return [e.sid for e in gone]
-
-    def _emptied(self, t: Tables, th: ThreadRow) -> None:
-        """Keep the index and the lanes right after entries left."""
-        if th.pending <= 0:
-            th.pending, th.look = 0, None
-            for state in th.lanes.values():
-                state.pop("f", None)
-                state.pop("g", None)
 
     @staticmethod
     def _stale(t: Tables, th: ThreadRow, run: RunRef) -> bool:
@@ -167,9 +166,9 @@ class Rules:
             th.pending -= 1
             self._set_receipt(t, th.key, e.sid, "processed", run=run.run_id, result=a.result)
             self._part(t, th.key, "signal.acked", run.run_id, e.sid,  # (result: its JSON)
-                       text=None if a.result is None else f'{{"result":{a.result}}}')
+                       text=acked_data(a.result))
         if acks:
-            self._emptied(t, th)
+            emptied(th)
 
     def _dead(self, t: Tables, th: ThreadRow, e: EntryRow, run: str) -> None:
         t.delete(th.key, [e.seq])
@@ -284,7 +283,7 @@ class Rules:
         while not out:
             best = t.best(key, run.run_id)
             if best is None:
-                self._emptied(t, th)
+                emptied(th)
                 t.save_thread(th)
                 return Taken(next_due=t.next_due(key), dead=tuple(dead), pending=th.pending)
             if not first and best.mode == "queue" and best.state == "ready":
@@ -311,7 +310,7 @@ class Rules:
                 state = th.lanes.get(lane, {})
                 state.pop("f", None)  # the lane's next window starts with its next signal
                 state.pop("g", None)
-        self._emptied(t, th)
+        emptied(th)
         t.save_thread(th)
         more = t.best(key, run.run_id) is not None
         return Taken(tuple(entry_of(e) for e in out), more=more, dead=tuple(dead),
@@ -342,7 +341,7 @@ class Rules:
                 t.update(e)
                 back.append(e)
         self._give_way(t, th, back)
-        self._emptied(t, th)
+        emptied(th)
         t.save_thread(th)
         return True
 
@@ -367,7 +366,7 @@ class Rules:
                 else [e for e in (t.by_signal(key, s) for s in signal_ids) if e is not None])
         gone = [e for e in rows if held or e.state in _OPEN]
         removed = self._remove(t, th, gone, "cancelled")
-        self._emptied(t, th)
+        emptied(th)
         t.save_thread(th)
         return [s for s in (signal_ids or removed) if s in removed]
 

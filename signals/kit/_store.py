@@ -31,7 +31,9 @@ from signals.kit._capabilities import (
     PartIn,
     Routed,
     RuntimeInfo,
+    acked_data,
     has,
+    received_data,
 )
 from signals.kit._core import NO_LIMITS, Accepted, Limits, RunRef, Taken, run_runtime
 from signals.kit._derived import LeaseRegistry, PubSubNotices, PubSubStreams
@@ -215,10 +217,10 @@ class KitStore:
                                      first=first)
         if not self.native_streams and not taken.fenced:
             parts = [PartIn("signal.acked", run.run_id, a.signal_id,
-                            None if a.result is None else f'{{"result":{a.result}}}')
+                            acked_data(a.result))
                      for a in acks]
             parts += [PartIn("signal.received", run.run_id, e.signal.id,
-                             f'{{"attempt":{e.attempts}}}') for e in taken.entries]
+                             received_data(e.attempts)) for e in taken.entries]
             parts += [PartIn("signal.dead_lettered", run.run_id, s) for s in taken.dead]
             if parts:
                 await self.streams.emit(thread_key, parts)
@@ -234,7 +236,7 @@ class KitStore:
         if ok and acks:
             await self.streams.emit(thread_key, [
                 PartIn("signal.acked", run.run_id, a.signal_id,
-                       None if a.result is None else f'{{"result":{a.result}}}') for a in acks
+                       acked_data(a.result)) for a in acks
             ])
         return ok
 

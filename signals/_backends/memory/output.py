@@ -83,7 +83,7 @@ class MemoryOutput:
         caller's step's time, or read here); its cursor."""
         if now is None:
             now = self._clock()
-        out = self._outputs.get(thread_key) or self._output(thread_key)
+        out = self._output(thread_key)
         n = self._part_seq = self._part_seq + 1
         parts = out.parts
         parts.append(_Part(n, now, thread_key, kind, run_id, signal_id, data))

@@ -20,14 +20,17 @@ from typing import TYPE_CHECKING
 
 from signals._backends.memory.tables import insert_row, remove_row, trim_receipts
 from signals._model import EntryMode, Receipt, Signal
-from signals.kit._capabilities import CARRY_LIMIT, Notice, Routed
-from signals.kit._core import Accepted, Ack, InboxEntry, Limits, RunRef, run_runtime
+from signals.kit._capabilities import CARRY_LIMIT, Notice, Routed, acked_data, received_data
+from signals.kit._core import Accepted, Ack, Limits, RunRef, run_runtime
+from signals.kit._rules import emptied, entry_of
 from signals.kit._tables import EntryRow, ReceiptRow
 
 if TYPE_CHECKING:
     from signals._backends.memory.store import InMemorySignalStore
 
 __all__ = ["carry", "settle_acks"]
+
+_FIRST_ATTEMPT = received_data(1)  # (the text of every carry's signal.received part)
 
 
 def carry(store: InMemorySignalStore, key: str, signal: Signal, mode: EntryMode,
@@ -64,15 +67,12 @@ def carry(store: InMemorySignalStore, key: str, signal: Signal, mode: EntryMode,
     th.pending += 1
     th.last = now
     receipts[sid] = ReceiptRow(key, sid, "pending", now, at=now)
-    store._append(key, "signal.received", owner, sid, '{"attempt":1}', now)
+    store._append(key, "signal.received", owner, sid, _FIRST_ATTEMPT, now)
     look = th.look
     th.look = now if look is None or now < look else look  # (the step is whole: then notify)
-    entry_id = str(seq)
     if run_runtime(owner) != sender:
-        entry = InboxEntry(entry_id, signal.evolve(attempt=1, mode="deliver", folded=()),
-                           "deliver", 1, len(body), "carried", owner)
-        store._notify(run_runtime(owner), Notice("signal", key, owner, entry=entry))
-    accepted = Accepted("fresh", entry_id, Receipt(sid, "pending", at=now))
+        store._notify(run_runtime(owner), Notice("signal", key, owner, entry=entry_of(e)))
+    accepted = Accepted("fresh", str(seq), Receipt(sid, "pending", at=now))
     return Routed(accepted, owner, carried=True)
 
 
@@ -103,11 +103,6 @@ def settle_acks(store: InMemorySignalStore, key: str, run: RunRef, acks: Sequenc
         old = receipts.get(e.sid)
         receipts[e.sid] = ReceiptRow(key, e.sid, "processed", old.accepted if old else now,
                                      at=now, run=run.run_id, result=a.result)
-        store._append(key, "signal.acked", run.run_id, e.sid,
-                      None if a.result is None else f'{{"result":{a.result}}}', now)
-    if th.pending <= 0:
-        th.pending, th.look = 0, None
-        for lane in th.lanes.values():
-            lane.pop("f", None)
-            lane.pop("g", None)
+        store._append(key, "signal.acked", run.run_id, e.sid, acked_data(a.result), now)
+    emptied(th)
     return True
