@@ -6,6 +6,9 @@
   raises: ``TypeError`` for a value that is not JSON, ``ValueError`` for NaN or infinity and
   for a circular reference. The C encoder keeps no state between calls, so threads may share
   it (the SQL cores encode in worker threads).
+* :func:`json_scalar` is :func:`compact_json` of one value, written directly for a ``str``,
+  ``int``, ``float``, ``bool`` or ``None`` (the exact types: a subclass, and anything else,
+  goes through the encoder): a plain signal's text is four of them, 0.6 µs instead of 1.3.
 * :func:`random_id` is ``uuid.uuid4().hex`` (32 hex digits, version 4, RFC 4122 variant)
   without building a ``UUID`` object: 0.6 µs instead of 2.
 """
@@ -17,7 +20,7 @@ import json.encoder
 import os
 from typing import Any
 
-__all__ = ["compact_json", "random_id"]
+__all__ = ["compact_json", "json_scalar", "random_id"]
 
 
 def _refuse(value: object) -> Any:
@@ -40,6 +43,31 @@ def compact_json(value: object) -> str:
         return "".join(_ENCODE(value, 0))
     except RecursionError:  # (no marker table: a circular value recurses until it fails)
         raise ValueError("Circular reference detected") from None
+
+
+_STRING: Any = json.encoder.encode_basestring_ascii  # (the C one where there is one)
+_INT_TEXT = int.__repr__
+_FLOAT_TEXT = float.__repr__
+_INFINITY = float("-inf"), float("inf")
+
+
+def json_scalar(value: object) -> str:
+    """``compact_json(value)``, quicker for a value of an exact scalar type (see the module
+    docstring); the same text, and the same error for a float that is not finite."""
+    kind = type(value)
+    if kind is str:
+        return _STRING(value)  # type: ignore[no-any-return]
+    if kind is int:
+        return _INT_TEXT(value)
+    if kind is float and _INFINITY[0] < value < _INFINITY[1]:  # type: ignore[operator]
+        return _FLOAT_TEXT(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return compact_json(value)
 
 
 def random_id() -> str:

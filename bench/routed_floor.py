@@ -13,6 +13,9 @@ docs/guarantees.md requires of every routed signal, written by hand with nothing
   checked on ack, the ``signal.received`` and ``signal.acked`` parts in a bounded stream, and
   the send's outcome; ``raw``: the hand-off alone. What it leaves out is every feature beyond
   a plain routed signal: priorities, lanes, delays, caps, attempts, logs, telemetry.
+  ``api floor``: the same floor with the library's own value types where the API has them:
+  the :class:`Signal` a caller passes to ``send`` (its id, time and JSON made by it) and the
+  :class:`Delivery` that ``send`` returns.
 * **Redis**: ``ours`` (``bench.signals.routed`` over ``RedisStreamsPubSub``); ``floor``: the
   design's two scripts and its notice through bare redis-py clients (whose connections write
   and pack commands as the library's do): a sender calls the route script
@@ -53,7 +56,7 @@ from _signal_leases.redis.pools import quick_writes
 from bench._server import redis_url
 from bench.signals import memory_stream, raw_streams, routed
 from pubsub import InMemoryPubSub, RedisStreamsPubSub
-from signals import RedisSignalStore, Run, Signal, SignalRuntime
+from signals import Delivery, RedisSignalStore, Run, Signal, SignalRuntime
 
 Bench = Callable[[int], Awaitable[float]]
 _KEY = re.compile(r"[A-Za-z0-9_.:@/-]{1,200}\Z")
@@ -67,15 +70,18 @@ class _Signal:
     created_at: float
 
 
-async def memory_floor(n: int) -> float:
-    """The raw hand-off plus the least bookkeeping a routed signal must leave (see above)."""
+async def memory_floor(n: int, *, api: bool = False) -> float:
+    """The raw hand-off plus the least bookkeeping a routed signal must leave (see above);
+    with ``api``, the signal is the library's own :class:`Signal` (what a caller passes to
+    ``send``: its id, time and JSON made by it) and the outcome its :class:`Delivery` (what
+    ``send`` returns)."""
     receipts: dict[str, tuple[str, float]] = {}
     entries: dict[str, tuple[int, str, str]] = {}
     parts: deque[tuple[str, str, str, str | None]] = deque(maxlen=10_000)
     leases = {"bench": ("run-1", 7)}
-    send, receive = anyio.create_memory_object_stream[_Signal](0)
+    send, receive = anyio.create_memory_object_stream[Any](0)
     seq = 0
-    outcome: list[tuple[str, str, str, str]] = []
+    outcome: list[Any] = []
 
     async def agent() -> None:
         async with receive:
@@ -96,10 +102,14 @@ async def memory_floor(n: int) -> float:
                 key = "bench"
                 if not _KEY.match(key):
                     raise ValueError("thread_key")
-                signal = _Signal(os.urandom(16).hex(), "bench", i, time.time())
-                body = json.dumps({"id": signal.id, "type": signal.type,
-                                   "payload": signal.payload, "created_at": signal.created_at},
-                                  separators=(",", ":"))
+                if api:
+                    signal: Any = Signal(i, type="bench")
+                    body = signal.encode()
+                else:
+                    signal = _Signal(os.urandom(16).hex(), "bench", i, time.time())
+                    body = json.dumps({"id": signal.id, "type": signal.type,
+                                       "payload": signal.payload,
+                                       "created_at": signal.created_at}, separators=(",", ":"))
                 if len(body) > 1 << 20 or signal.id in receipts:
                     raise ValueError("signal")
                 seq += 1
@@ -110,7 +120,10 @@ async def memory_floor(n: int) -> float:
                 owner, _token = leases[key]
                 parts.append(("signal.received", owner, signal.id, '{"attempt":1}'))
                 await send.send(signal)
-                outcome.append(("deliver", signal.id, key, owner))  # what the send returns
+                if api:
+                    outcome.append(Delivery("deliver", signal.id, key, owner))
+                else:
+                    outcome.append(("deliver", signal.id, key, owner))  # what send returns
                 outcome.clear()
     return n / (time.perf_counter() - start)
 
@@ -238,7 +251,7 @@ async def compare(name: str, benches: dict[str, Bench], rounds: int, n: int) -> 
     print(f"{name}:")
     for label, values in rates.items():
         ratios = [x / y for x, y in zip(values, raw, strict=True)]
-        print(f"  {label:6s} {statistics.median(values):8.0f}/s  x{statistics.median(ratios):.2f}"
+        print(f"  {label:9s} {statistics.median(values):8.0f}/s  x{statistics.median(ratios):.2f}"
               f" of raw [min {min(ratios):.2f}, max {max(ratios):.2f}]")
 
 
@@ -253,7 +266,7 @@ async def _memory(rounds: int, n: int) -> None:
     async with InMemoryPubSub() as memory_pubsub:
         await compare("memory, one thread", {
             "ours": lambda k: routed(memory_pubsub, k), "floor": memory_floor,
-            "raw": memory_stream}, rounds, n)
+            "api floor": lambda k: memory_floor(k, api=True), "raw": memory_stream}, rounds, n)
 
 
 async def _redis(url: str, rounds: int, n: int) -> None:

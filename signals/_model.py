@@ -7,10 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from _signal_leases.encoding import compact_json, random_id
+from _signal_leases.encoding import compact_json, json_scalar, random_id
 from _signal_leases.errors import SignalTooLargeError
 from _signal_leases.frozen import quick_init
 from _signal_leases.validation import (
+    MAX_IDENTIFIER_LENGTH,
     check_choice,
     check_identifier,
     check_int,
@@ -145,16 +146,25 @@ class Signal:
     _encoded: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        check_str("signal type", self.type)
-        check_identifier("signal id", self.id)
+        kind, sid = self.type, self.id
+        if type(kind) is not str or not kind:
+            check_str("signal type", kind)
+        if (type(sid) is not str or not sid or len(sid) > MAX_IDENTIFIER_LENGTH
+                or not sid.isprintable()):
+            check_identifier("signal id", sid)
         if self._encoded is not None:
             return  # decoded from the store: checked when it was sent
-        if not self._plain():
+        plain = self._plain()
+        if not plain:
             self._check_options()
         # Encoded once, here: a payload that is not JSON is a TypeError now, not at send, and
-        # the send stores this text (a large payload is not encoded twice).
+        # the send stores this text (a large payload is not encoded twice). A plain signal's
+        # four fields are written directly: the same text as the encoder's (a test compares).
         try:
-            encoded = compact_json(self.to_dict())
+            encoded = (
+                f'{{"id":{json_scalar(sid)},"type":{json_scalar(kind)},"payload":'
+                f'{json_scalar(self.payload)},"created_at":{json_scalar(self.created_at)}}}'
+                if plain else compact_json(self.to_dict()))
         except (TypeError, ValueError):
             encode_json(self.payload, "signal payload")  # names the payload when it is that
             encode_json(self.to_dict(), f"signal {self.id!r}")

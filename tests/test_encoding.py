@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import uuid
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from _signal_leases.encoding import compact_json, random_id
+from _signal_leases.encoding import compact_json, json_scalar, random_id
+from signals import Signal
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
@@ -46,6 +48,60 @@ def test_compact_json_refuses_a_circular_value() -> None:
     loop.append(loop)
     with pytest.raises(ValueError, match="Circular"):
         compact_json(loop)
+
+
+class _Number(enum.IntEnum):
+    ONE = 1
+
+
+class _Text(str):
+    pass
+
+
+_SCALARS = (st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+            | st.sampled_from([_Number.ONE, _Text("x"), object(), b"b", 1 << 14000]))
+_ANY = _SCALARS | _JSON
+
+
+def _outcome(encode: Any, value: Any) -> tuple[str, str]:
+    try:
+        return "text", encode(value)
+    except (TypeError, ValueError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@given(_ANY)
+@example(True)
+@example(False)
+@example(None)
+@example(-0.0)
+@example(math.nan)
+@example(-math.inf)
+def test_json_scalar_is_compact_json(value: Any) -> None:
+    """The same text, or the same error, for any value: scalars of the exact types written
+    directly, the rest (subclasses, containers, what is not JSON) through the encoder."""
+    assert _outcome(json_scalar, value) == _outcome(compact_json, value)
+
+
+@given(payload=_ANY, kind=st.text(min_size=1), sid=st.text(min_size=1, max_size=40),
+       created_at=st.floats(allow_nan=False, allow_infinity=False) | st.integers())
+def test_a_plain_signals_text_is_its_dict_encoded(payload: Any, kind: str, sid: str,
+                                                   created_at: float) -> None:
+    """A plain signal's text is written field by field: the encoder's text of its dict, and
+    the same error for a payload that is not JSON."""
+    try:
+        signal = Signal(payload, type=kind, id=sid, created_at=created_at)
+    except ValueError as exc:
+        assert "signal id" in str(exc) or "signal payload" in str(exc)  # (an id or payload
+        return  # refused before: a control character, a float that is not finite)
+    except TypeError as exc:
+        assert "signal payload" in str(exc)
+        with pytest.raises((TypeError, ValueError)):
+            compact_json(payload)
+        return
+    assert signal.encode() == compact_json(signal.to_dict())
+    assert json.loads(signal.encode()) == json.loads(compact_json(
+        {"id": sid, "type": kind, "payload": payload, "created_at": created_at}))
 
 
 def test_random_id_is_a_uuid4_hex_and_never_repeats() -> None:

@@ -196,15 +196,15 @@ async def test_an_interrupt_with_a_lane(pubsub: Any, merge: str) -> None:
 def test_a_signal_is_encoded_once_when_it_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
     """The JSON a send stores is built with the signal (a payload that is not JSON fails
     there, naming the payload), and only once: the send reuses it."""
-    import signals._model
+    import _signal_leases.encoding
 
-    dumps, calls = signals._model.compact_json, []  # type: ignore[attr-defined]
+    encode, calls = _signal_leases.encoding._ENCODE, []  # (the JSON encoder every text uses)
 
-    def counting(value: Any) -> str:
+    def counting(value: Any, level: int) -> Any:
         calls.append(1)
-        return dumps(value)
+        return encode(value, level)
 
-    monkeypatch.setattr(signals._model, "compact_json", counting)
+    monkeypatch.setattr(_signal_leases.encoding, "_ENCODE", counting)
     signal = Signal({"big": "x" * 1000}, id="s1")
     assert signal.encode() is signal.encode()
     assert len(calls) == 1, "a large payload was encoded more than once"
