@@ -24,6 +24,7 @@ from _signal_leases.running import (
 
 __all__ = [
     "WakeQueue",
+    "asyncio_task_loop",
     "checkpoint",
     "current_async_library",
     "fail_future",
@@ -48,11 +49,20 @@ def checkpoint() -> Generator[Any, Any, None]:
     bare ``yield`` reschedules the task at once), without anyio's lookup of the running
     library first and without a coroutine of its own: the in-memory backends take one on
     every call. Elsewhere (trio, or trio run as asyncio's guest) it is anyio's."""
-    loop = _get_running_loop()
-    if loop is not None and _current_task(loop) is not None:
+    if asyncio_task_loop() is not None:
         yield
     else:
         yield from anyio.lowlevel.checkpoint().__await__()
+
+
+def asyncio_task_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop when the caller runs in one of its tasks; ``None`` outside a
+    loop, under trio, and in trio's tasks when trio runs as asyncio's guest (where the loop
+    runs but a bare ``yield`` or a loop callback does not reach the trio task)."""
+    loop = _get_running_loop()
+    if loop is not None and _current_task(loop) is not None:
+        return loop
+    return None
 
 
 def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:

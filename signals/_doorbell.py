@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import anyio
 
+from _signal_leases.aio import asyncio_task_loop
+
 __all__ = ["Doorbell"]
 
 
@@ -11,7 +13,8 @@ class Doorbell:
     """Wakes a run that waits for input: rung by local senders and by store notices.
 
     A ring is remembered until the next :meth:`wait` (so a ring between a take and the wait
-    is never lost). No task and no timer: an idle run costs an event object.
+    is never lost). No task: an idle run costs an event object, and while it waits one timer
+    on asyncio (its timeout; anyio's cancel scope elsewhere).
     """
 
     __slots__ = ("_event", "_rung")
@@ -45,9 +48,17 @@ class Doorbell:
         seconds."""
         if self._rung:
             return
-        self._event = anyio.Event()
+        self._event = event = anyio.Event()
+        loop = asyncio_task_loop()
         try:
-            with anyio.move_on_after(timeout):
-                await self._event.wait()
+            if loop is not None:  # a timer, not a cancel scope: a wake-up is on the hot path
+                timer = loop.call_later(timeout, event.set)
+                try:
+                    await event.wait()
+                finally:
+                    timer.cancel()
+            else:
+                with anyio.move_on_after(timeout):
+                    await event.wait()
         finally:
             self._event = None

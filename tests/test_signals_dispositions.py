@@ -199,6 +199,7 @@ def test_a_signal_is_encoded_once_when_it_is_made(monkeypatch: pytest.MonkeyPatc
     import _signal_leases.encoding
 
     encode, calls = _signal_leases.encoding._ENCODE, []  # (the JSON encoder every text uses)
+    assert encode is not None
 
     def counting(value: Any, level: int) -> Any:
         calls.append(1)

@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from _signal_leases.aio import owned_task_group
+from _signal_leases.aio import checkpoint, owned_task_group
 from _signal_leases.errors import BackendError
 from _signal_leases.redis.support import is_cluster, node_reader_client, refresh_slots, text
 from signals._backends.redis.inbox import RedisInbox
@@ -199,6 +199,9 @@ class RedisPresence(RedisInbox):
                     message = await pubsub.get_message(timeout=30.0)
                     if message is not None and message.get("type") == "message":
                         handler(_notice(message["data"]))
+                        # The run the notice woke goes first: the next read's set-up in
+                        # redis-py is not on its path.
+                        await checkpoint()
             except Exception as exc:
                 self._log.warning("signals.notices_reconnect", error=repr(exc), retry_in_s=backoff)
             finally:
