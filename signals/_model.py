@@ -269,6 +269,10 @@ class Signal:
         encoded: str | None = None,
     ) -> Signal:
         """Inverse of :meth:`to_dict` (``encoded``: the JSON it was decoded from, if known)."""
+        if len(obj) == 4 and "payload" in obj and cls is Signal:  # a plain signal (most)
+            return cls(obj.get("payload"), obj["type"], obj["id"], float(obj["created_at"]),
+                       0, None, "append", None, None, None, None, None, attempt, mode, (),
+                       None, encoded)
         return cls(
             payload=obj.get("payload"),
             type=obj["type"],

@@ -21,8 +21,9 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio
+import redis.exceptions
 
-from _signal_leases.aio import checkpoint, owned_task_group
+from _signal_leases.aio import checkpoint, loop_time, owned_task_group
 from _signal_leases.errors import BackendError
 from _signal_leases.redis.support import is_cluster, node_reader_client, refresh_slots, text
 from signals._backends.redis.inbox import RedisInbox
@@ -196,11 +197,11 @@ class RedisPresence(RedisInbox):
                 ready.set()
                 backoff = 0.05
                 while True:
-                    message = await pubsub.get_message(timeout=30.0)
-                    if message is not None and message.get("type") == "message":
-                        handler(_notice(message["data"]))
-                        # The run the notice woke goes first: the next read's set-up in
-                        # redis-py is not on its path.
+                    data = await _next_message(pubsub)
+                    if data is not None:
+                        handler(_notice(data))
+                        # The run the notice woke goes first: the next read's set-up is not
+                        # on its path.
                         await checkpoint()
             except Exception as exc:
                 self._log.warning("signals.notices_reconnect", error=repr(exc), retry_in_s=backoff)
@@ -214,6 +215,39 @@ class RedisPresence(RedisInbox):
             with suppress(BackendError):
                 await refresh_slots(self.client)  # a Cluster node may have failed over
             backoff = min(backoff * 2, 2.0)
+
+
+_MESSAGE = (b"message", "message")
+
+
+async def _next_message(pubsub: Any, timeout: float = 30.0) -> Any:
+    """The data of the next message on the channels ``pubsub`` subscribed to; ``None`` after
+    ``timeout`` seconds without one, or for a reply that is not a message (handed to
+    redis-py's own bookkeeping: subscriptions, its health check's ``PONG``).
+
+    What ``pubsub.get_message`` does, with two differences, both for the listen loop to
+    reconnect and send its handler ``resync``:
+
+    * no retry: redis-py's would reconnect and resubscribe in silence after a connection
+      error, and the notices published meanwhile would be missed unseen;
+    * a health check (``PING``) with nothing read for ``timeout`` after it is a lost
+      connection (``redis.exceptions.ConnectionError``), as a network black hole leaves it:
+      a live server answers at once.
+
+    About 6 µs per message here instead of 12 (warm)."""
+    conn = pubsub.connection
+    pinged = bool(conn.health_check_interval) and loop_time() > conn.next_health_check
+    await pubsub.check_health()  # (the PING, when one is due)
+    response = await conn.read_response(
+        timeout=timeout, disconnect_on_error=False, push_request=True)
+    if isinstance(response, list) and len(response) == 3 and response[0] in _MESSAGE:
+        return response[2]
+    if response is not None:
+        await pubsub.handle_message(response, ignore_subscribe_messages=True)
+    elif pinged:
+        raise redis.exceptions.ConnectionError(
+            f"no reply to a health check in {timeout:g} s on the notice connection")
+    return None
 
 
 def _notice(data: Any) -> Notice:
