@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 
 from _signal_leases.aio import asyncio_task_loop
@@ -13,14 +15,14 @@ class Doorbell:
     """Wakes a run that waits for input: rung by local senders and by store notices.
 
     A ring is remembered until the next :meth:`wait` (so a ring between a take and the wait
-    is never lost). No task: an idle run costs an event object, and while it waits one timer
-    on asyncio (its timeout; anyio's cancel scope elsewhere).
+    is never lost). No task: a waiting run costs an event and, on asyncio, a timer (its
+    timeout; anyio's cancel scope elsewhere).
     """
 
     __slots__ = ("_event", "_rung")
 
     def __init__(self) -> None:
-        self._event: anyio.Event | None = None
+        self._event: anyio.Event | asyncio.Event | None = None
         self._rung = False
 
     def ring(self) -> None:
@@ -48,16 +50,17 @@ class Doorbell:
         seconds."""
         if self._rung:
             return
-        self._event = event = anyio.Event()
         loop = asyncio_task_loop()
         try:
-            if loop is not None:  # a timer, not a cancel scope: a wake-up is on the hot path
-                timer = loop.call_later(timeout, event.set)
+            if loop is not None:  # asyncio's own event and a timer: a wake-up is a hot path
+                self._event = ready = asyncio.Event()
+                timer = loop.call_later(timeout, ready.set)
                 try:
-                    await event.wait()
+                    await ready.wait()
                 finally:
                     timer.cancel()
             else:
+                self._event = event = anyio.Event()
                 with anyio.move_on_after(timeout):
                     await event.wait()
         finally:

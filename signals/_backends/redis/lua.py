@@ -107,11 +107,10 @@ return {redis.call('HGET', KEYS[2], 'tmax') or '',
 
 # The shared library of the inbox scripts (see the module docstring).
 INBOX_FUNCTIONS = LEASE_FUNCTIONS + _PARTS_FN + """
-local K = {}
-for i, name in ipairs({'eb', 'em', 'ix', 'rq', 'lt', 'xp', 'hd', 'seen', 'rc', 'dead', 'meta',
-                       'stream', 'lanes', 'ln', 'lease', 'fence', 'shard', 'rt'}) do
-  K[name] = KEYS[i]
-end
+local K = {eb = KEYS[1], em = KEYS[2], ix = KEYS[3], rq = KEYS[4], lt = KEYS[5], xp = KEYS[6],
+           hd = KEYS[7], seen = KEYS[8], rc = KEYS[9], dead = KEYS[10], meta = KEYS[11],
+           stream = KEYS[12], lanes = KEYS[13], ln = KEYS[14], lease = KEYS[15],
+           fence = KEYS[16], shard = KEYS[17], rt = KEYS[18]}  -- (KEY_NAMES, then two)
 local THREAD, IDX, SP, CFG = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local RETENTION, MAXR, IDLE = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local t = redis.call('TIME')
