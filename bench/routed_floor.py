@@ -15,7 +15,10 @@ docs/guarantees.md requires of every routed signal, written by hand with nothing
   a plain routed signal: priorities, lanes, delays, caps, attempts, logs, telemetry.
   ``api floor``: the same floor with the library's own value types where the API has them:
   the :class:`Signal` a caller passes to ``send`` (its id, time and JSON made by it) and the
-  :class:`Delivery` that ``send`` returns.
+  :class:`Delivery` that ``send`` returns. ``no record``: ours, over an in-memory store that
+  keeps no record (no entry, receipt, part or duplicate check: a routed signal goes straight
+  to the run with its notice, an ack settles nothing): what the runtime's own layers cost
+  (``send``, the notice, the run's hand-out and ack), with none of the store's bookkeeping.
 * **Redis**: ``ours`` (``bench.signals.routed`` over ``RedisStreamsPubSub``); ``floor``: the
   design's two scripts and its notice through bare redis-py clients (whose connections write
   and pack commands as the library's do): a sender calls the route script
@@ -52,11 +55,33 @@ import anyio
 import redis.asyncio
 import structlog
 
+from _signal_leases.aio import checkpoint
+from _signal_leases.encoding import random_id
 from _signal_leases.redis.pools import quick_writes
 from bench._server import redis_url
 from bench.signals import memory_stream, raw_streams, routed
+from leases import resolve_lease_provider
 from pubsub import InMemoryPubSub, RedisStreamsPubSub
-from signals import Delivery, RedisSignalStore, Run, Signal, SignalRuntime
+from signals import (
+    Delivery,
+    EntryMode,
+    InMemorySignalStore,
+    Receipt,
+    RedisSignalStore,
+    Run,
+    Signal,
+    SignalRuntime,
+)
+from signals.kit import (
+    NO_LIMITS,
+    Accepted,
+    Limits,
+    Notice,
+    Routed,
+    RunRef,
+    decode_entry,
+    run_runtime,
+)
 
 Bench = Callable[[int], Awaitable[float]]
 _KEY = re.compile(r"[A-Za-z0-9_.:@/-]{1,200}\Z")
@@ -262,10 +287,49 @@ async def main(url: str, rounds: int, n: int, which: str) -> None:
         await _redis(url, rounds, n)
 
 
+class _KeepsNothing(InMemorySignalStore):
+    """The in-memory store with its records left out (the ``no record`` contender): a signal
+    sent to a thread whose run holds it goes to that run with its notice, as the store's own
+    carry sends it, and stores nothing; an ack settles nothing. The first signal, which wakes
+    the thread, is the store's own."""
+
+    async def route(self, thread_key: str, signal: Signal, mode: EntryMode, *,
+                    claim: Any, sender: str | None, wake_workers: bool,
+                    limits: Limits = NO_LIMITS, interrupt: bool = False) -> Routed:
+        assert self.leases is not None
+        held = self.leases.table.holder(thread_key, self.leases.clock())
+        if held is None or claim is not None:
+            return await super().route(thread_key, signal, mode, claim=claim, sender=sender,
+                                       wake_workers=wake_workers, limits=limits,
+                                       interrupt=interrupt)
+        await checkpoint()
+        owner, entry_id = held[0], random_id()
+        entry = decode_entry(entry_id, signal.encode(), "deliver", 1, state="carried",
+                             holder=owner, signal=signal)
+        self._notify(run_runtime(owner), Notice("signal", thread_key, owner, entry=entry))
+        return Routed(Accepted("fresh", entry_id, Receipt(signal.id, "pending")), owner,
+                      carried=True)
+
+    async def settle(self, thread_key: str, run: RunRef, *, acks: Any = (), failed: Any = (),
+                     returned: Any = (), error: str | None = None) -> bool:
+        if failed or returned:
+            return await super().settle(thread_key, run, acks=acks, failed=failed,
+                                        returned=returned, error=error)
+        await checkpoint()
+        return True
+
+
+async def _no_record(pubsub: InMemoryPubSub, n: int) -> float:
+    leases = resolve_lease_provider(pubsub)
+    store = _KeepsNothing(leases=leases)  # type: ignore[arg-type]
+    return await routed(pubsub, n, inbox=store, leases=leases)
+
+
 async def _memory(rounds: int, n: int) -> None:
     async with InMemoryPubSub() as memory_pubsub:
         await compare("memory, one thread", {
-            "ours": lambda k: routed(memory_pubsub, k), "floor": memory_floor,
+            "ours": lambda k: routed(memory_pubsub, k),
+            "no record": lambda k: _no_record(memory_pubsub, k), "floor": memory_floor,
             "api floor": lambda k: memory_floor(k, api=True), "raw": memory_stream}, rounds, n)
 
 

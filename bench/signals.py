@@ -40,8 +40,9 @@ from signals import Run, Signal, SignalRuntime
 Bench = Callable[[int], Awaitable[float]]
 
 
-async def routed(pubsub: PubSub, n: int) -> float:
-    """Signals per second through the runtime: sender-only runtime -> worker's run."""
+async def routed(pubsub: PubSub, n: int, **options: Any) -> float:
+    """Signals per second through the runtime: sender-only runtime -> worker's run
+    (``options``: more arguments of both runtimes)."""
     done = anyio.Event()
     seen = 0
 
@@ -56,8 +57,8 @@ async def routed(pubsub: PubSub, n: int) -> float:
 
     thread = f"bench-{uuid.uuid4().hex[:8]}"
     async with SignalRuntime(pubsub=pubsub, agent=agent, idle_wait_ms=600_000,
-                             shutdown_timeout_ms=0) as worker, \
-            SignalRuntime(pubsub=pubsub, agent=None) as sender:
+                             shutdown_timeout_ms=0, **options) as worker, \
+            SignalRuntime(pubsub=pubsub, agent=None, **options) as sender:
         await worker.send(thread, "hello")  # the worker owns the thread from here on
         await anyio.sleep(0.05)
         start = time.perf_counter()
