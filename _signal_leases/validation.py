@@ -40,6 +40,8 @@ T = TypeVar("T")
 
 def check_str(name: str, value: object, *, empty_ok: bool = False) -> str:
     """Return ``value`` if it is a ``str`` (non-empty unless ``empty_ok``)."""
+    if type(value) is str and value:
+        return value  # (the common case first: every signal checks two)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}")
     if not value and not empty_ok:
@@ -49,6 +51,8 @@ def check_str(name: str, value: object, *, empty_ok: bool = False) -> str:
 
 def check_identifier(name: str, value: object) -> str:
     """Return ``value`` if it is a valid identifier (see the module rules), else raise."""
+    if type(value) is str and 0 < len(value) <= MAX_IDENTIFIER_LENGTH and value.isprintable():
+        return value  # (the common case first: every send checks two)
     check_str(name, value)
     assert isinstance(value, str)
     if len(value) > MAX_IDENTIFIER_LENGTH:

@@ -11,7 +11,6 @@ from _signal_leases.encoding import compact_json, json_scalar, random_id
 from _signal_leases.errors import SignalTooLargeError
 from _signal_leases.frozen import quick_init
 from _signal_leases.validation import (
-    MAX_IDENTIFIER_LENGTH,
     check_choice,
     check_identifier,
     check_int,
@@ -146,20 +145,14 @@ class Signal:
     _encoded: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        kind, sid = self.type, self.id
-        if type(kind) is not str or not kind:
-            check_str("signal type", kind)
-        if (type(sid) is not str or not sid or len(sid) > MAX_IDENTIFIER_LENGTH
-                or not sid.isprintable()):
-            check_identifier("signal id", sid)
+        kind, sid = check_str("signal type", self.type), check_identifier("signal id", self.id)
         if self._encoded is not None:
             return  # decoded from the store: checked when it was sent
         plain = self._plain()
         if not plain:
             self._check_options()
         # Encoded once, here: a payload that is not JSON is a TypeError now, not at send, and
-        # the send stores this text (a large payload is not encoded twice). A plain signal's
-        # four fields are written directly: the same text as the encoder's (a test compares).
+        # the send stores this text. A plain signal's four fields are written directly.
         try:
             encoded = (
                 f'{{"id":{json_scalar(sid)},"type":{json_scalar(kind)},"payload":'
