@@ -262,28 +262,11 @@ class Signal:
         encoded: str | None = None,
     ) -> Signal:
         """Inverse of :meth:`to_dict` (``encoded``: the JSON it was decoded from, if known)."""
-        if len(obj) == 4 and "payload" in obj and cls is Signal:  # a plain signal (most)
-            return cls(obj.get("payload"), obj["type"], obj["id"], float(obj["created_at"]),
-                       0, None, "append", None, None, None, None, None, attempt, mode, (),
-                       None, encoded)
-        return cls(
-            payload=obj.get("payload"),
-            type=obj["type"],
-            id=obj["id"],
-            created_at=float(obj["created_at"]),
-            priority=int(obj.get("priority", 0)),
-            lane=obj.get("lane"),
-            merge=obj.get("merge", "append"),
-            cache_key=obj.get("cache_key"),
-            not_before=obj.get("not_before"),
-            expires_at=obj.get("expires_at"),
-            debounce_ms=obj.get("debounce_ms"),
-            max_wait_ms=obj.get("max_wait_ms"),
-            trace_context=obj.get("trace_context"),
-            attempt=attempt,
-            mode=mode,
-            _encoded=encoded,
-        )
+        get = obj.get  # (positional, in the order of the fields: keywords cost a third more)
+        return cls(get("payload"), obj["type"], obj["id"], float(obj["created_at"]),
+                   int(get("priority", 0)), get("lane"), get("merge", "append"),
+                   get("cache_key"), get("not_before"), get("expires_at"), get("debounce_ms"),
+                   get("max_wait_ms"), attempt, mode, (), get("trace_context"), encoded)
 
 
 #: The largest ``priority`` (and the opposite of the smallest).

@@ -105,13 +105,22 @@ def test_a_plain_signals_text_is_its_dict_encoded(payload: Any, kind: str, sid: 
         {"id": sid, "type": kind, "payload": payload, "created_at": created_at}))
 
 
+_EVERY_OPTION: dict[str, Any] = {
+    "lane": "chat", "merge": "coalesce", "cache_key": "c", "not_before": 2e9,
+    "expires_at": 2e9 + 10, "debounce_ms": 5, "max_wait_ms": 50,
+    "trace_context": {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+}
+
+
 @given(payload=_JSON, priority=st.integers(-3, 3), lane=st.none() | st.just("chat"),
-       attempt=st.integers(1, 5), mode=st.sampled_from(["deliver", "queue"]))
-def test_a_signal_decodes_to_itself(payload: Any, priority: int, lane: str | None,
+       every=st.booleans(), attempt=st.integers(1, 5), mode=st.sampled_from(["deliver", "queue"]))
+def test_a_signal_decodes_to_itself(payload: Any, priority: int, lane: str | None, every: bool,
                                     attempt: int, mode: Any) -> None:
     """``Signal.from_dict`` of a signal's stored text gives the same signal, field by field
-    (a plain one takes a shorter path), with the delivery fields it was given."""
-    signal = Signal(payload, type="t", priority=priority, lane=lane)
+    (its arguments are positional: each lands in its own field), with the delivery fields it
+    was given."""
+    options = _EVERY_OPTION if every else {"lane": lane}
+    signal = Signal(payload, type="t", priority=priority, **options)
     text = signal.encode()
     back = Signal.from_dict(json.loads(text), attempt=attempt, mode=mode, encoded=text)
     want = signal.evolve(attempt=attempt, mode=mode)
