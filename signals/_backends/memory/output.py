@@ -68,12 +68,8 @@ class MemoryOutput:
             out = self._outputs[thread_key] = _Output()
         return out
 
-    @property
-    def _retention_s(self) -> float:
-        return self.stream_retention_ms / 1000
-
     def _trim(self, out: _Output, now: float) -> None:
-        horizon = now - self._retention_s
+        horizon = now - self.stream_retention_ms / 1000
         while out.parts and (len(out.parts) > self.stream_max_parts or out.parts[0].now <= horizon):
             out.trimmed = out.parts.popleft().n
 
@@ -85,10 +81,8 @@ class MemoryOutput:
             now = self._clock()
         out = self._output(thread_key)
         n = self._part_seq = self._part_seq + 1
-        parts = out.parts
-        parts.append(_Part(n, now, thread_key, kind, run_id, signal_id, data))
-        if len(parts) > self.stream_max_parts or parts[0].now <= now - self._retention_s:
-            self._trim(out, now)
+        out.parts.append(_Part(n, now, thread_key, kind, run_id, signal_id, data))
+        self._trim(out, now)
         for _, event in out.waiters:
             event.set()
         return str(n)
