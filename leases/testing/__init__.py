@@ -330,6 +330,7 @@ class LeaseProviderConformance:
         assert not gone.acquired and gone.owner is None
         taken = await provider.acquire_lease(k1, "c", LONG_TTL_MS)
         assert taken.acquired and taken.token is not None and taken.token > first.token
+        assert await provider.get_lease_owner(k1) == "c", "a lease of its own, not the session's"
 
     async def test_closing_a_session_frees_its_leases_at_once(
         self, provider: LeaseProvider
@@ -346,6 +347,7 @@ class LeaseProviderConformance:
         await sessions.close_lease_session(session)
         assert await provider.get_lease_owner(key) is None
         assert (await provider.acquire_lease(key, "b", LONG_TTL_MS)).acquired
+        assert await provider.get_lease_owner(key) == "b", "a lease of its own, not the session's"
 
     # -- concurrency ------------------------------------------------------------------------
 

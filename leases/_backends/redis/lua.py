@@ -32,14 +32,14 @@ local function live(key) return lease_live(key, ARGV[1]) end
 #: so a replay is harmless), {0, holder, false} when held by another, {-1, false, false} when
 #: the given session has expired.
 ACQUIRE = _LIVE + """
-local cur = live(KEYS[1])
+local cur, dead = live(KEYS[1])
 if cur then
   if cur[1] ~= ARGV[2] then return {0, cur[1], false} end
   if not cur[3] then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
   return {1, cur[1], cur[2]}
 end
 if not session_alive(ARGV[1], ARGV[4]) then return {-1, false, false} end
-return {1, ARGV[2], lease_grant(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4])}
+return {1, ARGV[2], lease_grant(KEYS[1], KEYS[2], ARGV[2], ARGV[3], ARGV[4], not dead)}
 """
 
 #: ARGV: session prefix. Returns the live owner or false.
