@@ -36,15 +36,19 @@ class Logger:
     """A bound logger of one layer (see the module docstring): ``bind(**keys)`` returns a new
     logger with more context; ``debug``/``info``/``warning``/``error`` log one event."""
 
-    __slots__ = ("_context", "_name")
+    __slots__ = ("_context", "_name", "_stdlib")
 
-    def __init__(self, name: str, context: dict[str, Any] | None = None) -> None:
+    def __init__(self, name: str, context: dict[str, Any] | None = None,
+                 stdlib: logging.Logger | None = None) -> None:
         self._name = name
         self._context: dict[str, Any] = context or {}
+        # (``logging.getLogger`` takes the logging module's lock at every call: 0.3 us an
+        # event; the logger of a name, once made, is the same object for good)
+        self._stdlib = logging.getLogger(name) if stdlib is None else stdlib
 
     def bind(self, **keys: Any) -> Logger:
         """A logger with ``keys`` added to the context of every event."""
-        return Logger(self._name, {**self._context, **keys})
+        return Logger(self._name, {**self._context, **keys}, self._stdlib)
 
     def _emit(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
         structlog = sys.modules.get("structlog")  # configured only if the application did
@@ -54,7 +58,7 @@ class Logger:
             if enabled is None or enabled(level):
                 getattr(bound, method)(event, **self._context, **fields)
             return
-        stdlib = logging.getLogger(self._name)
+        stdlib = self._stdlib
         if not stdlib.isEnabledFor(level):
             return
         data = {**self._context, **fields}
