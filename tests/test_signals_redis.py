@@ -274,3 +274,26 @@ async def test_recovery_backs_off_while_redis_is_down(
     failed = [entry for entry in logs if entry["event"] == "signals.recovery_failed"]
     assert 1 <= len(failed) <= 8, len(failed)
     assert all(entry["retry_in_s"] <= 2.0 for entry in failed)
+
+
+async def test_a_claim_over_a_dead_sessions_lease_record_takes_a_lease_of_its_own(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The claim script grants where the record of a lease whose session ended lingers: the
+    new per-key lease is the claimer's, not read as the dead session's (the claim deletes the
+    old record first; it skips that only where there was no record)."""
+    from signals.kit import Claim
+
+    async with RedisLeaseProvider(url=redis_url, key_prefix=f"{key_prefix}:lease") as leases:
+        store = RedisSignalStore(url=redis_url, key_prefix=key_prefix, leases=leases)
+        try:
+            session = await leases.open_lease_session(60_000)
+            assert session is not None
+            assert (await leases.acquire_lease("t", "rt-a/1", 1, session=session)).acquired
+            await leases.close_lease_session(session)  # its lease record stays behind
+            await store.accept("t", Signal("x"), "deliver")
+            claimed = await store.claim("t", Claim("rt-b/1", 60_000, None, "rt-b"))
+            assert claimed.claimed
+            assert await leases.get_lease_owner("t") == "rt-b/1"
+        finally:
+            await store.aclose()

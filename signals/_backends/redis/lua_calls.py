@@ -388,7 +388,7 @@ if redis.call('HLEN', K.em) == 0 or redis.call('HGET', K.meta, 'paused') == '1' 
   return reply(2, false, false, 0)
 end
 ripen()
-local cur = lease_live(K.lease, SP)
+local cur, dead = lease_live(K.lease, SP)
 if cur then
   local left = redis.call('PTTL', K.lease)
   if cur[3] then left = redis.call('PTTL', SP .. '{' .. cur[3] .. '}') end
@@ -406,7 +406,7 @@ if not has_work() then
   return reply(2, false, false, nd and fmt(nd) or 0)
 end
 if not session_alive(SP, ARGV[10]) then return reply(3, false, false, 0) end
-local token = lease_grant(K.lease, K.fence, ARGV[8], ARGV[9], ARGV[10])
+local token = lease_grant(K.lease, K.fence, ARGV[8], ARGV[9], ARGV[10], not dead)
 redis.call('HSET', K.meta, 'since', at)
 if IDX == '1' then redis.call('SADD', K.rt, THREAD) end
 index('r', 0)
